@@ -1,0 +1,8 @@
+// Package linux owns edgehop's direct use of Linux syscalls: network
+// namespaces (create, bind, enter, delete), netlink handles bound to a
+// namespace, process discovery by namespace, and mount helpers.
+//
+// Every other package reaches the kernel through this one (or through
+// netlink handles it returns), so thread/namespace pinning rules live in one
+// place. It must not know about testbeds, agents or containers.
+package linux

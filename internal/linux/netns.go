@@ -1,0 +1,224 @@
+package linux
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NetNSDir is where named namespaces live so that `ip netns` sees them.
+const NetNSDir = "/run/netns"
+
+// NetNSPath returns the path of the named namespace name under NetNSDir.
+func NetNSPath(name string) string { return filepath.Join(NetNSDir, name) }
+
+// ensureSharedDir makes dir a shared bind mount of itself, as iproute2 does
+// for /run/netns, so namespace mounts made later propagate to other mount
+// namespaces (runc, nsenter users) instead of pinning stale copies.
+func ensureSharedDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, ""); err == nil {
+		return nil
+	}
+	if err := unix.Mount(dir, dir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("bind %s: %w", dir, err)
+	}
+	if err := unix.Mount("", dir, "none", unix.MS_SHARED|unix.MS_REC, ""); err != nil {
+		return fmt.Errorf("make %s shared: %w", dir, err)
+	}
+	return nil
+}
+
+// NewNetNS creates a new network namespace and binds it at path. The
+// namespace's loopback is brought up. It fails if path already exists.
+func NewNetNS(path string) error {
+	dir := filepath.Dir(path)
+	if dir == NetNSDir {
+		if err := ensureSharedDir(dir); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_RDONLY, 0o444)
+	if err != nil {
+		return fmt.Errorf("create netns file: %w", err)
+	}
+	f.Close()
+
+	errc := make(chan error, 1)
+	go func() {
+		// This goroutine's thread is never returned to the scheduler after
+		// unshare: it exits with the goroutine (no UnlockOSThread).
+		runtime.LockOSThread()
+		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("unshare: %w", err)
+			return
+		}
+		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
+		if err := unix.Mount(src, path, "none", unix.MS_BIND, ""); err != nil {
+			errc <- fmt.Errorf("bind netns: %w", err)
+			return
+		}
+		lo, err := netlink.LinkByName("lo")
+		if err == nil {
+			err = netlink.LinkSetUp(lo)
+		}
+		errc <- err
+	}()
+	if err := <-errc; err != nil {
+		_ = unix.Unmount(path, unix.MNT_DETACH)
+		_ = os.Remove(path)
+		return fmt.Errorf("new netns %s: %w", path, err)
+	}
+	return nil
+}
+
+// DeleteNetNS unbinds and removes the namespace file at path. A missing
+// path is not an error.
+func DeleteNetNS(path string) error {
+	if _, err := os.Stat(path); errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount netns %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove netns %s: %w", path, err)
+	}
+	return nil
+}
+
+// InNetNS runs fn on an OS thread switched into the namespace at path. The
+// thread is discarded afterwards, so a failed switch back cannot leak a
+// thread in the wrong namespace.
+func InNetNS(path string, fn func() error) error {
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := netns.Set(target); err != nil {
+			errc <- fmt.Errorf("enter netns %s: %w", path, err)
+			return
+		}
+		errc <- fn()
+	}()
+	return <-errc
+}
+
+// Handle returns a netlink handle whose requests act inside the namespace
+// at path. The caller closes it.
+func Handle(path string) (*netlink.Handle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return nil, fmt.Errorf("netlink handle in %s: %w", path, err)
+	}
+	return h, nil
+}
+
+// OpenNetNS opens the namespace at path; the caller closes the handle.
+func OpenNetNS(path string) (netns.NsHandle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return ns, fmt.Errorf("open netns %s: %w", path, err)
+	}
+	return ns, nil
+}
+
+// Command returns a command that runs name in the network namespace at
+// path (and only that namespace: the mount namespace is left alone, which
+// CRIU requires).
+func Command(path, name string, args ...string) *exec.Cmd {
+	return exec.Command("nsenter", append([]string{"--net=" + path, "--", name}, args...)...)
+}
+
+// NetNSInode returns the inode identifying the namespace at path.
+func NetNSInode(path string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(path, &st); err != nil {
+		return 0, fmt.Errorf("stat netns %s: %w", path, err)
+	}
+	return st.Ino, nil
+}
+
+// PIDsInNetNS lists processes whose network namespace has the given inode.
+func PIDsInNetNS(inode uint64) ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Stat(fmt.Sprintf("/proc/%d/ns/net", pid), &st) != nil {
+			continue
+		}
+		if st.Ino == inode {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// MountsUnder returns mount points at or below dir, deepest first, from
+// /proc/self/mountinfo.
+func MountsUnder(dir string) ([]string, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	dir = filepath.Clean(dir)
+	var out []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) < 5 {
+			continue
+		}
+		mp := unescapeMount(f[4])
+		if mp == dir || strings.HasPrefix(mp, dir+"/") {
+			out = append(out, mp)
+		}
+	}
+	// Deepest first so children unmount before parents.
+	for i, j := 0, len(out)-1; i < j; i, j = i+1, j-1 {
+		out[i], out[j] = out[j], out[i]
+	}
+	return out, nil
+}
+
+func unescapeMount(s string) string {
+	r := strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`)
+	return r.Replace(s)
+}
+
+// Unmount detaches the mount at path; not-mounted is not an error.
+func Unmount(path string) error {
+	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("unmount %s: %w", path, err)
+	}
+	return nil
+}
