@@ -1,0 +1,96 @@
+package testutil
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+)
+
+var seq atomic.Uint64
+
+// RequireRoot skips the test when not running as root, saying so.
+func RequireRoot(tb testing.TB) {
+	tb.Helper()
+	if os.Geteuid() != 0 {
+		tb.Skip("skipped: needs root (namespaces, netlink); CI runs as root")
+	}
+}
+
+// RequireTool skips the test when a command is not on PATH, naming it.
+func RequireTool(tb testing.TB, names ...string) {
+	tb.Helper()
+	for _, n := range names {
+		if _, err := exec.LookPath(n); err != nil {
+			tb.Skipf("skipped: %s not installed (run 'make setup')", n)
+		}
+	}
+}
+
+// UniqueName returns a short name unique to this process and call, usable
+// as a namespace or interface name prefix (at most 10 characters).
+func UniqueName(prefix string) string {
+	if len(prefix) > 4 {
+		prefix = prefix[:4]
+	}
+	return fmt.Sprintf("%s%x%x", prefix, os.Getpid()%0xfff, seq.Add(1))
+}
+
+// NewNetNS creates a named network namespace that is deleted, together
+// with every process still inside it, when the test ends. It returns the
+// namespace's path.
+func NewNetNS(tb testing.TB, prefix string) string {
+	tb.Helper()
+	RequireRoot(tb)
+	path := linux.NetNSPath("ehtest-" + UniqueName(prefix))
+	if err := linux.NewNetNS(path); err != nil {
+		tb.Fatalf("new netns: %v", err)
+	}
+	tb.Cleanup(func() {
+		if ino, err := linux.NetNSInode(path); err == nil {
+			if pids, _ := linux.PIDsInNetNS(ino); len(pids) > 0 {
+				for _, p := range pids {
+					if p != os.Getpid() {
+						_ = exec.Command("kill", "-9", fmt.Sprint(p)).Run()
+					}
+				}
+			}
+		}
+		if err := linux.DeleteNetNS(path); err != nil {
+			tb.Errorf("cleanup netns: %v", err)
+		}
+	})
+	return path
+}
+
+// Eventually polls cond every 10 ms until it returns nil or the deadline
+// passes, then fails the test with the last error.
+func Eventually(tb testing.TB, timeout time.Duration, cond func() error) {
+	tb.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for {
+		if err = cond(); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("condition not met within %v: %v", timeout, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Run runs a command and fails the test with its output on error.
+func Run(tb testing.TB, name string, args ...string) string {
+	tb.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		tb.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
