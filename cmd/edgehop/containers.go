@@ -1,0 +1,210 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/testbed"
+)
+
+func init() {
+	register(command{name: "run", summary: "run a container on a node: run --node N --name S --image I [--ip A] -- CMD…", run: runRun})
+	register(command{name: "ps", summary: "list containers on every node", run: runPs})
+	register(command{name: "logs", summary: "print a container's output", run: runLogs})
+	register(command{name: "rm", summary: "stop and remove a container", run: runRm})
+}
+
+// agents returns a client per node of the testbed.
+func agents(st *testbed.State) map[string]*api.Client {
+	out := map[string]*api.Client{}
+	for _, n := range st.Nodes {
+		out[n.Name] = api.NewUnixClient(n.Socket)
+	}
+	return out
+}
+
+// findContainer returns the node hosting name, asking every agent.
+func findContainer(ctx context.Context, st *testbed.State, name string) (string, api.Container, error) {
+	all, err := listAll(ctx, st)
+	if err != nil {
+		return "", api.Container{}, err
+	}
+	for _, c := range all {
+		if c.Name == name {
+			return c.Node, c, nil
+		}
+	}
+	return "", api.Container{}, fmt.Errorf("no container %q on any node of testbed %s (see 'edgehop ps')", name, st.Name)
+}
+
+// listAll lists containers of every node; an unreachable agent is an error.
+func listAll(ctx context.Context, st *testbed.State) ([]api.Container, error) {
+	var mu sync.Mutex
+	var all []api.Container
+	var errs []error
+	var wg sync.WaitGroup
+	for node, c := range agents(st) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cs, err := c.List(ctx)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("node %s: %w", node, err))
+				return
+			}
+			all = append(all, cs...)
+		}()
+	}
+	wg.Wait()
+	sort.Slice(all, func(i, j int) bool { return all[i].Node+"/"+all[i].Name < all[j].Node+"/"+all[j].Name })
+	return all, errors.Join(errs...)
+}
+
+func runRun(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var tb tbFlags
+	tb.register(fs)
+	node := fs.String("node", "", "node to run on (see 'edgehop testbed status')")
+	name := fs.String("name", "", "container name, unique in the testbed")
+	img := fs.String("image", "", "image name (see 'edgehop image ls')")
+	ip := fs.String("ip", "", "overlay address (default: allocated from the node's range)")
+	var env multiFlag
+	fs.Var(&env, "env", "environment variable KEY=VALUE (repeatable)")
+	asJSON := fs.Bool("json", false, "print the container as JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	rest := fs.Args()
+	if len(rest) > 0 && rest[0] == "--" {
+		rest = rest[1:]
+	}
+	if *node == "" || *name == "" || *img == "" {
+		return fmt.Errorf("%w: --node, --name and --image are required", errUsage)
+	}
+	st, err := tb.load()
+	if err != nil {
+		return err
+	}
+	if _, ok := st.Node(*node); !ok {
+		var names []string
+		for _, n := range st.Nodes {
+			names = append(names, n.Name)
+		}
+		return fmt.Errorf("unknown node %q (nodes: %s)", *node, strings.Join(names, ", "))
+	}
+	all, err := listAll(ctx, st)
+	if err != nil {
+		return err
+	}
+	for _, c := range all {
+		if c.Name == *name {
+			return fmt.Errorf("a container named %q already runs on %s (pick another name or 'edgehop rm %s')", *name, c.Node, *name)
+		}
+		if *ip != "" && c.IP == *ip {
+			return fmt.Errorf("address %s is already used by %q on %s", *ip, c.Name, c.Node)
+		}
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+	defer cancel()
+	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env})
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(c)
+	}
+	fmt.Printf("%s running on %s at %s\n", c.Name, c.Node, c.IP)
+	return nil
+}
+
+type multiFlag []string
+
+func (m *multiFlag) String() string     { return strings.Join(*m, ",") }
+func (m *multiFlag) Set(v string) error { *m = append(*m, v); return nil }
+
+func runPs(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("ps", flag.ContinueOnError)
+	var tb tbFlags
+	tb.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	st, err := tb.load()
+	if err != nil {
+		return err
+	}
+	all, err := listAll(ctx, st)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if all == nil {
+			all = []api.Container{}
+		}
+		return printJSON(all)
+	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(w, "NAME\tNODE\tIMAGE\tIP\tSTATUS\tPID")
+	for _, c := range all {
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", c.Name, c.Node, c.Image, c.IP, c.Status, c.PID)
+	}
+	return w.Flush()
+}
+
+func runLogs(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("logs", flag.ContinueOnError)
+	var tb tbFlags
+	tb.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("%w: edgehop logs NAME", errUsage)
+	}
+	st, err := tb.load()
+	if err != nil {
+		return err
+	}
+	node, _, err := findContainer(ctx, st, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	return agents(st)[node].Logs(ctx, fs.Arg(0), os.Stdout)
+}
+
+func runRm(ctx context.Context, args []string) error {
+	fs := flag.NewFlagSet("rm", flag.ContinueOnError)
+	var tb tbFlags
+	tb.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() < 1 {
+		return fmt.Errorf("%w: edgehop rm NAME…", errUsage)
+	}
+	st, err := tb.load()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	for _, name := range fs.Args() {
+		node, _, err := findContainer(ctx, st, name)
+		if err == nil {
+			err = agents(st)[node].Remove(ctx, name)
+		}
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}

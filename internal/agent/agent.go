@@ -1,0 +1,264 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/runc"
+	"github.com/edgehop/edgehop/internal/transfer"
+)
+
+// Version is reported by /v1/info.
+var Version = "dev"
+
+// Agent runs one node. Safe for concurrent use.
+type Agent struct {
+	cfg   Config
+	log   *slog.Logger
+	plane *netplane.Plane
+	rt    *runc.Runtime
+	peers map[string]*api.Client // by peer name
+
+	mu         sync.Mutex            // guards containers and busy
+	containers map[string]*container // by name
+	busy       map[string]bool       // names with an operation in progress
+
+	imgMu sync.Mutex // serialises image unpacking
+
+	wg sync.WaitGroup // background goroutines
+}
+
+// New validates cfg and prepares an agent; Run starts it.
+func New(cfg Config) (*Agent, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("agent config: %w", err)
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	a := &Agent{cfg: cfg, log: log.With("node", cfg.Node), containers: map[string]*container{}, busy: map[string]bool{}, peers: map[string]*api.Client{}}
+	for _, p := range cfg.Peers {
+		a.peers[p.Name] = api.NewTCPClient(p.API, &http.Client{Timeout: 5 * time.Second})
+	}
+	a.rt = &runc.Runtime{Binary: "runc", Root: filepath.Join(cfg.StateDir, "runc"), Log: a.log}
+	return a, nil
+}
+
+// Run sets up the node's overlay, serves the API until ctx is done, then
+// shuts down (containers keep running).
+func (a *Agent) Run(ctx context.Context) error {
+	for _, d := range []string{a.cfg.StateDir, a.containersDir(), a.netnsDir(), a.imagesDir(), a.scratchDir()} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	pcfg := netplane.Config{VNI: a.cfg.VNI, VTEP: a.cfg.VTEP}
+	if a.cfg.Role == RoleGateway {
+		pcfg.Gateway = netip.PrefixFrom(a.cfg.Gateway, a.cfg.Overlay.Bits())
+		if err := os.WriteFile("/proc/sys/net/ipv4/ip_forward", []byte("1"), 0o644); err != nil {
+			return fmt.Errorf("ip_forward: %w", err)
+		}
+	}
+	plane, err := netplane.Open("", pcfg)
+	if err != nil {
+		return err
+	}
+	defer plane.Close()
+	a.plane = plane
+	if err := plane.Setup(); err != nil {
+		return fmt.Errorf("overlay: %w", err)
+	}
+	for _, p := range a.cfg.Peers {
+		if err := plane.AddFlood(p.VTEP); err != nil {
+			return err
+		}
+	}
+	if err := a.loadContainers(ctx); err != nil {
+		return err
+	}
+	// Checkpoint images live in memory: tmpfs, mounted once per node.
+	if !linux.IsMountPoint(a.scratchDir()) {
+		if err := linux.MountTmpfs(a.scratchDir()); err != nil {
+			return fmt.Errorf("scratch tmpfs: %w", err)
+		}
+	}
+	var ml *transfer.Listener
+	if a.cfg.Migrate != "" {
+		tlsCfg, err := pki.ServerConfig(a.cfg.TLSDir)
+		if err != nil {
+			return fmt.Errorf("migration tls (%s): %w", a.cfg.TLSDir, err)
+		}
+		if ml, err = transfer.Listen(ctx, a.cfg.Migrate, tlsCfg); err != nil {
+			return fmt.Errorf("listen %s: %w", a.cfg.Migrate, err)
+		}
+		defer ml.Close()
+	}
+
+	_ = os.Remove(a.cfg.Socket)
+	ul, err := net.Listen("unix", a.cfg.Socket)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", a.cfg.Socket, err)
+	}
+	var tl net.Listener
+	if a.cfg.Listen != "" {
+		if tl, err = net.Listen("tcp", a.cfg.Listen); err != nil {
+			ul.Close()
+			return fmt.Errorf("listen %s: %w", a.cfg.Listen, err)
+		}
+	}
+	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 2)
+	serve := func(l net.Listener) {
+		defer a.wg.Done()
+		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- err
+		}
+	}
+	a.wg.Add(1)
+	go serve(ul)
+	if tl != nil {
+		a.wg.Add(1)
+		go serve(tl)
+	}
+	a.wg.Add(1)
+	go func() { defer a.wg.Done(); a.syncPeers(ctx) }()
+	if ml != nil {
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.serveMigrations(ctx, ml) }()
+	}
+	if err := os.WriteFile(filepath.Join(a.cfg.StateDir, "agent.pid"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+		a.log.Warn("write pid file", "err", err)
+	}
+	a.log.Info("agent ready", "role", a.cfg.Role, "socket", a.cfg.Socket, "listen", a.cfg.Listen)
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = srv.Shutdown(sctx)
+	if ml != nil {
+		ml.Close()
+	}
+	a.wg.Wait()
+	return err
+}
+
+// syncPeers learns every peer's endpoints into the FDB, retrying peers
+// that are not up yet, until each answered once or ctx ends.
+func (a *Agent) syncPeers(ctx context.Context) {
+	pending := map[string]*api.Client{}
+	for n, c := range a.peers {
+		pending[n] = c
+	}
+	for len(pending) > 0 {
+		for n, c := range pending {
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			eps, err := c.Endpoints(rctx)
+			cancel()
+			if err != nil {
+				continue
+			}
+			for _, e := range eps {
+				if err := a.learn(e); err != nil {
+					a.log.Warn("learn endpoint", "peer", n, "endpoint", e.Name, "err", err)
+				}
+			}
+			delete(pending, n)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// learn records where an endpoint lives.
+func (a *Agent) learn(e api.Endpoint) error {
+	mac, err := net.ParseMAC(e.MAC)
+	if err != nil {
+		return fmt.Errorf("endpoint mac %q: %w", e.MAC, err)
+	}
+	vtep, err := netip.ParseAddr(e.VTEP)
+	if err != nil {
+		return fmt.Errorf("endpoint vtep %q: %w", e.VTEP, err)
+	}
+	if vtep == a.cfg.VTEP {
+		return a.plane.DelRemote(mac)
+	}
+	return a.plane.SetRemote(mac, vtep)
+}
+
+// announce tells every peer about e (or that it is gone), concurrently,
+// and returns the joined errors of peers that did not take it.
+func (a *Agent) announce(ctx context.Context, e api.Endpoint, gone bool) error {
+	var mu sync.Mutex
+	var errs []error
+	var wg sync.WaitGroup
+	for n, c := range a.peers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var err error
+			if gone {
+				err = c.Withdraw(ctx, e)
+			} else {
+				err = c.Announce(ctx, e)
+			}
+			if err != nil {
+				mu.Lock()
+				errs = append(errs, fmt.Errorf("peer %s: %w", n, err))
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+func (a *Agent) endpoint(c *container) api.Endpoint {
+	return api.Endpoint{Name: c.meta.Name, IP: c.meta.IP, MAC: c.meta.MAC, VTEP: a.cfg.VTEP.String(), Node: a.cfg.Node}
+}
+
+func (a *Agent) info() api.Info {
+	return api.Info{Node: a.cfg.Node, Role: a.cfg.Role, VTEP: a.cfg.VTEP.String(), API: a.cfg.Listen, Version: Version}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// forget drops an endpoint that a peer withdrew, unless it lives here.
+func (a *Agent) forget(e api.Endpoint) error {
+	mac, err := net.ParseMAC(e.MAC)
+	if err != nil {
+		return fmt.Errorf("%w: endpoint mac %q", ErrInvalid, e.MAC)
+	}
+	remotes, err := a.plane.Remotes()
+	if err != nil {
+		return err
+	}
+	if vtep, ok := remotes[mac.String()]; ok && vtep.String() == e.VTEP {
+		return a.plane.DelRemote(mac)
+	}
+	return nil
+}

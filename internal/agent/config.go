@@ -1,0 +1,92 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"path/filepath"
+)
+
+// Roles an agent can have.
+const (
+	RoleNode    = "node"    // runs containers
+	RoleGateway = "gateway" // the access point: overlay gateway for clients, no containers
+)
+
+// Peer is another agent of the same overlay.
+type Peer struct {
+	Name    string     `json:"name"`
+	API     string     `json:"api"`     // host:port of its peer API
+	Migrate string     `json:"migrate"` // host:port of its migration listener (mTLS)
+	VTEP    netip.Addr `json:"vtep"`    // its VXLAN endpoint address
+}
+
+// Config is everything an agent needs; the testbed (or an operator) writes
+// it as JSON and `edgehop agent --config FILE` reads it.
+type Config struct {
+	Node      string       `json:"node"`
+	Role      string       `json:"role"`
+	StateDir  string       `json:"state_dir"` // this node's own directory; nothing else is shared
+	Socket    string       `json:"socket"`    // local API (CLI)
+	Listen    string       `json:"listen"`    // peer API, on the underlay
+	Migrate   string       `json:"migrate"`   // migration listener (mTLS), on the underlay
+	VTEP      netip.Addr   `json:"vtep"`      // local VXLAN endpoint
+	VNI       int          `json:"vni"`       // VXLAN network identifier
+	Overlay   netip.Prefix `json:"overlay"`   // the service network
+	Gateway   netip.Addr   `json:"gateway"`   // containers' default gateway
+	Range     netip.Prefix `json:"range"`     // where this node allocates container IPs
+	Peers     []Peer       `json:"peers"`
+	ImageRoot string       `json:"image_root"` // local OCI image cache
+	TLSDir    string       `json:"tls_dir,omitempty"`
+
+	Log *slog.Logger `json:"-"`
+}
+
+// DefaultVNI is the overlay's VXLAN id.
+const DefaultVNI = 4200
+
+// Validate reports every problem with the configuration at once.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Node == "" {
+		errs = append(errs, errors.New("node name is empty"))
+	}
+	if c.Role != RoleNode && c.Role != RoleGateway {
+		errs = append(errs, fmt.Errorf("role %q: want %q or %q", c.Role, RoleNode, RoleGateway))
+	}
+	if !filepath.IsAbs(c.StateDir) {
+		errs = append(errs, fmt.Errorf("state_dir %q must be absolute", c.StateDir))
+	}
+	if c.Socket == "" {
+		errs = append(errs, errors.New("socket is empty"))
+	}
+	if !c.VTEP.IsValid() {
+		errs = append(errs, errors.New("vtep address missing"))
+	}
+	if !c.Overlay.IsValid() || !c.Overlay.Contains(c.Gateway) {
+		errs = append(errs, fmt.Errorf("gateway %v not inside overlay %v", c.Gateway, c.Overlay))
+	}
+	if c.Role == RoleNode && (!c.Range.IsValid() || !c.Overlay.Contains(c.Range.Addr())) {
+		errs = append(errs, fmt.Errorf("range %v not inside overlay %v", c.Range, c.Overlay))
+	}
+	if c.VNI <= 0 || c.VNI >= 1<<24 {
+		errs = append(errs, fmt.Errorf("vni %d out of range", c.VNI))
+	}
+	return errors.Join(errs...)
+}
+
+// LoadConfig reads a JSON config file.
+func LoadConfig(path string) (Config, error) {
+	var c Config
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return c, fmt.Errorf("read agent config: %w", err)
+	}
+	if err := json.Unmarshal(b, &c); err != nil {
+		return c, fmt.Errorf("parse agent config %s: %w", path, err)
+	}
+	return c, nil
+}

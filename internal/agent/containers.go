@@ -1,0 +1,389 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/image"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/runc"
+)
+
+// meta is a container's persisted description (meta.json).
+type meta struct {
+	Name    string    `json:"name"`
+	Image   string    `json:"image"`
+	Digest  string    `json:"digest"`
+	IP      string    `json:"ip"`
+	MAC     string    `json:"mac"`
+	Args    []string  `json:"args"`
+	Env     []string  `json:"env"`
+	Cwd     string    `json:"cwd"`
+	Created time.Time `json:"created"`
+}
+
+// container is a live container record. Its fields are guarded by
+// Agent.mu; operations on it are serialised by Agent.busy.
+type container struct {
+	meta meta
+	log  *os.File // container output, appended by the runtime's copiers
+}
+
+var containerNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+
+// Errors the API maps to status codes.
+var (
+	ErrNotFound = errors.New("not found")
+	ErrConflict = errors.New("conflict")
+	ErrInvalid  = errors.New("invalid")
+)
+
+func (a *Agent) containersDir() string     { return filepath.Join(a.cfg.StateDir, "containers") }
+func (a *Agent) netnsDir() string          { return filepath.Join(a.cfg.StateDir, "netns") }
+func (a *Agent) imagesDir() string         { return filepath.Join(a.cfg.StateDir, "images") }
+func (a *Agent) dir(name string) string    { return filepath.Join(a.containersDir(), name) }
+func (a *Agent) bundle(name string) string { return filepath.Join(a.dir(name), "bundle") }
+func (a *Agent) rootfs(name string) string { return filepath.Join(a.bundle(name), "rootfs") }
+func (a *Agent) nsPath(name string) string { return filepath.Join(a.netnsDir(), name) }
+func (a *Agent) logPath(name string) string {
+	return filepath.Join(a.dir(name), "output.log")
+}
+func (a *Agent) cgroupsPath(name string) string {
+	// Unique per node on a shared host: the node's state dir is unique.
+	return "/edgehop/" + filepath.Base(filepath.Dir(filepath.Dir(a.cfg.StateDir))) + "-" + a.cfg.Node + "/" + name
+}
+
+// claim marks name busy; release undoes it.
+func (a *Agent) claim(name string, mustExist bool) (*container, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	c, ok := a.containers[name]
+	if mustExist && !ok {
+		return nil, fmt.Errorf("%w: container %q on node %s", ErrNotFound, name, a.cfg.Node)
+	}
+	if !mustExist && ok {
+		return nil, fmt.Errorf("%w: container %q already exists on node %s", ErrConflict, name, a.cfg.Node)
+	}
+	if a.busy[name] {
+		return nil, fmt.Errorf("%w: container %q is busy with another operation", ErrConflict, name)
+	}
+	a.busy[name] = true
+	return c, nil
+}
+
+func (a *Agent) release(name string) {
+	a.mu.Lock()
+	delete(a.busy, name)
+	a.mu.Unlock()
+}
+
+// allocIP picks the lowest free address of the node's range, avoiding
+// local containers and every MAC the overlay knows elsewhere.
+func (a *Agent) allocIP() (netip.Addr, error) {
+	used := map[netip.Addr]bool{a.cfg.Gateway: true}
+	a.mu.Lock()
+	for _, c := range a.containers {
+		if ip, err := netip.ParseAddr(c.meta.IP); err == nil {
+			used[ip] = true
+		}
+	}
+	a.mu.Unlock()
+	remote, _ := a.plane.Remotes()
+	ip := a.cfg.Range.Masked().Addr().Next()
+	for ; a.cfg.Range.Contains(ip); ip = ip.Next() {
+		if ip.As4()[3] == 0 || ip.As4()[3] == 255 || used[ip] {
+			continue
+		}
+		if _, elsewhere := remote[netplane.MACFor(ip).String()]; elsewhere {
+			continue
+		}
+		return ip, nil
+	}
+	return netip.Addr{}, fmt.Errorf("no free address left in %v", a.cfg.Range)
+}
+
+func (a *Agent) checkIP(ip netip.Addr) error {
+	if !a.cfg.Overlay.Contains(ip) || ip == a.cfg.Gateway || ip == a.cfg.Overlay.Masked().Addr() {
+		return fmt.Errorf("%w: address %v is not a usable address of the overlay %v", ErrInvalid, ip, a.cfg.Overlay)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, c := range a.containers {
+		if c.meta.IP == ip.String() {
+			return fmt.Errorf("%w: address %v is used by container %q", ErrConflict, ip, c.meta.Name)
+		}
+	}
+	if remote, _ := a.plane.Remotes(); remote != nil {
+		if vtep, ok := remote[netplane.MACFor(ip).String()]; ok {
+			return fmt.Errorf("%w: address %v is used on the node at %v", ErrConflict, ip, vtep)
+		}
+	}
+	return nil
+}
+
+// unpackImage makes sure the image is unpacked in this node's own store
+// and returns the lower directory and its config.
+func (a *Agent) unpackImage(ctx context.Context, name string) (string, image.Config, string, error) {
+	img, err := image.Resolve(a.cfg.ImageRoot, name)
+	if err != nil {
+		return "", image.Config{}, "", fmt.Errorf("%w: image %q: %v (build it with 'edgehop image build')", ErrInvalid, name, err)
+	}
+	cfg := img.Config()
+	digest := img.Digest()
+	dir := filepath.Join(a.imagesDir(), strings.TrimPrefix(digest, "sha256:"))
+	lower := filepath.Join(dir, "rootfs")
+	a.imgMu.Lock()
+	defer a.imgMu.Unlock()
+	if _, err := os.Stat(filepath.Join(dir, "complete")); err == nil {
+		return lower, cfg, digest, nil
+	}
+	_ = os.RemoveAll(dir)
+	if err := img.Unpack(ctx, lower); err != nil {
+		_ = os.RemoveAll(dir)
+		return "", image.Config{}, "", fmt.Errorf("unpack image %q: %w", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "complete"), nil, 0o644); err != nil {
+		return "", image.Config{}, "", err
+	}
+	return lower, cfg, digest, nil
+}
+
+// Create creates and starts a container. On failure nothing of it is left.
+func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, err error) {
+	if a.cfg.Role != RoleNode {
+		return api.Container{}, fmt.Errorf("%w: %s is a %s, not a node that runs containers", ErrInvalid, a.cfg.Node, a.cfg.Role)
+	}
+	if !containerNameRE.MatchString(r.Name) {
+		return api.Container{}, fmt.Errorf("%w: container name %q: use letters, digits, '_', '.', '-' (max 63)", ErrInvalid, r.Name)
+	}
+	if r.Image == "" {
+		return api.Container{}, fmt.Errorf("%w: no image given", ErrInvalid)
+	}
+	if _, err := a.claim(r.Name, false); err != nil {
+		return api.Container{}, err
+	}
+	defer a.release(r.Name)
+
+	var ip netip.Addr
+	if r.IP != "" {
+		if ip, err = netip.ParseAddr(r.IP); err != nil {
+			return api.Container{}, fmt.Errorf("%w: address %q: %v", ErrInvalid, r.IP, err)
+		}
+		if err := a.checkIP(ip); err != nil {
+			return api.Container{}, err
+		}
+	} else if ip, err = a.allocIP(); err != nil {
+		return api.Container{}, err
+	}
+	lower, icfg, digest, err := a.unpackImage(ctx, r.Image)
+	if err != nil {
+		return api.Container{}, err
+	}
+	args := icfg.Entrypoint
+	if len(r.Args) > 0 {
+		args = append(append([]string{}, args...), r.Args...)
+	} else {
+		args = append(append([]string{}, args...), icfg.Cmd...)
+	}
+	if len(args) == 0 {
+		return api.Container{}, fmt.Errorf("%w: image %q has no entrypoint or command; give one after '--'", ErrInvalid, r.Image)
+	}
+	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
+		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC()}
+
+	defer func() {
+		if err != nil {
+			a.destroy(context.WithoutCancel(ctx), r.Name)
+		}
+	}()
+	if err := os.MkdirAll(a.dir(r.Name), 0o755); err != nil {
+		return api.Container{}, err
+	}
+	if err := a.writeMeta(m); err != nil {
+		return api.Container{}, err
+	}
+	if err := linux.MountOverlay(lower, filepath.Join(a.dir(r.Name), "upper"), filepath.Join(a.dir(r.Name), "work"), a.rootfs(r.Name)); err != nil {
+		return api.Container{}, err
+	}
+	if err := linux.NewNetNS(a.nsPath(r.Name)); err != nil {
+		return api.Container{}, err
+	}
+	ep := netplane.Endpoint{Container: r.Name, NetNSPath: a.nsPath(r.Name), Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
+	if err := a.plane.Attach(ep, false); err != nil {
+		return api.Container{}, err
+	}
+	if err := runc.WriteBundle(a.bundle(r.Name), a.runcSpec(m)); err != nil {
+		return api.Container{}, err
+	}
+	lf, err := os.OpenFile(a.logPath(r.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return api.Container{}, err
+	}
+	c := &container{meta: m, log: lf}
+	if _, err := a.rt.Run(ctx, r.Name, a.bundle(r.Name), runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+		lf.Close()
+		return api.Container{}, err
+	}
+	a.mu.Lock()
+	a.containers[r.Name] = c
+	a.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if aerr := a.announce(actx, a.endpoint(c), false); aerr != nil {
+		a.log.Warn("announce endpoint", "container", r.Name, "err", aerr)
+	}
+	a.log.Info("container started", "container", r.Name, "ip", m.IP, "image", r.Image)
+	return a.describe(ctx, c), nil
+}
+
+func (a *Agent) runcSpec(m meta) runc.Spec {
+	return runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
+		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name)}
+}
+
+func (a *Agent) writeMeta(m meta) error {
+	b, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(a.dir(m.Name), "meta.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(a.dir(m.Name), "meta.json"))
+}
+
+// destroy removes every trace of a container on this node; errors are
+// logged, as it runs on failure paths.
+func (a *Agent) destroy(ctx context.Context, name string) error {
+	var errs []error
+	if _, err := a.rt.State(ctx, name); err == nil {
+		if err := a.rt.Delete(ctx, name, true); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	errs = append(errs, a.plane.Detach(name))
+	errs = append(errs, linux.Unmount(a.rootfs(name)))
+	errs = append(errs, linux.DeleteNetNS(a.nsPath(name)))
+	a.mu.Lock()
+	if c, ok := a.containers[name]; ok {
+		if c.log != nil {
+			c.log.Close()
+		}
+		delete(a.containers, name)
+	}
+	a.mu.Unlock()
+	if err := os.RemoveAll(a.dir(name)); err != nil {
+		errs = append(errs, err)
+	}
+	err := errors.Join(errs...)
+	if err != nil {
+		a.log.Warn("destroy container", "container", name, "err", err)
+	}
+	return err
+}
+
+// Remove stops and deletes a container and withdraws its endpoint.
+func (a *Agent) Remove(ctx context.Context, name string) error {
+	c, err := a.claim(name, true)
+	if err != nil {
+		return err
+	}
+	defer a.release(name)
+	ep := a.endpoint(c)
+	if err := a.destroy(ctx, name); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := a.announce(actx, ep, true); err != nil {
+		a.log.Warn("withdraw endpoint", "container", name, "err", err)
+	}
+	a.log.Info("container removed", "container", name)
+	return nil
+}
+
+func (a *Agent) describe(ctx context.Context, c *container) api.Container {
+	out := api.Container{Name: c.meta.Name, Node: a.cfg.Node, Image: c.meta.Image, IP: c.meta.IP, MAC: c.meta.MAC,
+		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown"}
+	if st, err := a.rt.State(ctx, c.meta.Name); err == nil {
+		out.Status, out.PID = string(st.Status), st.Pid
+	} else if errors.Is(err, runc.ErrNotFound) {
+		out.Status = "gone"
+	}
+	a.mu.Lock()
+	if a.busy[c.meta.Name] && out.Status != string(runc.StatusRunning) {
+		out.Status = "migrating"
+	}
+	a.mu.Unlock()
+	return out
+}
+
+// List describes every container of the node.
+func (a *Agent) List(ctx context.Context) []api.Container {
+	a.mu.Lock()
+	cs := make([]*container, 0, len(a.containers))
+	for _, c := range a.containers {
+		cs = append(cs, c)
+	}
+	a.mu.Unlock()
+	out := make([]api.Container, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, a.describe(ctx, c))
+	}
+	return out
+}
+
+// Get describes one container.
+func (a *Agent) Get(ctx context.Context, name string) (api.Container, error) {
+	a.mu.Lock()
+	c, ok := a.containers[name]
+	a.mu.Unlock()
+	if !ok {
+		return api.Container{}, fmt.Errorf("%w: container %q on node %s", ErrNotFound, name, a.cfg.Node)
+	}
+	return a.describe(ctx, c), nil
+}
+
+// Endpoints lists the overlay endpoints hosted here.
+func (a *Agent) Endpoints() []api.Endpoint {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]api.Endpoint, 0, len(a.containers))
+	for _, c := range a.containers {
+		out = append(out, a.endpoint(c))
+	}
+	return out
+}
+
+// loadContainers re-reads containers recorded in the state dir after an
+// agent restart. Output copying of still-running containers is lost.
+func (a *Agent) loadContainers(ctx context.Context) error {
+	ents, err := os.ReadDir(a.containersDir())
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(a.containersDir(), e.Name(), "meta.json"))
+		if err != nil {
+			continue
+		}
+		var m meta
+		if err := json.Unmarshal(b, &m); err != nil {
+			a.log.Warn("skip container with unreadable meta", "dir", e.Name(), "err", err)
+			continue
+		}
+		a.containers[m.Name] = &container{meta: m}
+	}
+	return nil
+}

@@ -1,0 +1,427 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/runc"
+	"github.com/edgehop/edgehop/internal/transfer"
+)
+
+// scratchDir is tmpfs-backed space for checkpoint images (mounted by Run).
+func (a *Agent) scratchDir() string { return filepath.Join(a.cfg.StateDir, "scratch") }
+
+func (a *Agent) peer(name string) (Peer, error) {
+	for _, p := range a.cfg.Peers {
+		if p.Name == name {
+			if p.Migrate == "" {
+				return p, fmt.Errorf("%w: %s is not a node that runs containers", ErrInvalid, name)
+			}
+			return p, nil
+		}
+	}
+	return Peer{}, fmt.Errorf("%w: unknown destination node %q", ErrInvalid, name)
+}
+
+// Migrate moves container name to node req.To and reports what happened.
+// Whatever fails after the freeze, the service is resumed here.
+func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request) (res migration.Result, err error) {
+	res = migration.Result{Container: name, From: a.cfg.Node, To: req.To, Strategy: req.Strategy}
+	if req.To == a.cfg.Node {
+		return res, fmt.Errorf("%w: %s already runs on %s", ErrInvalid, name, req.To)
+	}
+	if req.Strategy != migration.StopAndCopy {
+		return res, fmt.Errorf("%w: strategy %q is not available yet (use stop-and-copy)", ErrInvalid, req.Strategy)
+	}
+	peer, err := a.peer(req.To)
+	if err != nil {
+		return res, err
+	}
+	c, err := a.claim(name, true)
+	if err != nil {
+		return res, err
+	}
+	defer a.release(name)
+	tm := migration.NewTimer(nil)
+	defer func() {
+		res.PhasesMs = tm.Phases()
+		res.TotalMs = migration.Ms(tm.Elapsed())
+		res.OK = err == nil
+		if err != nil {
+			res.Error = err.Error()
+		}
+		a.recordHistory(res)
+	}()
+
+	tlsCfg, err := pki.ClientConfig(a.cfg.TLSDir, req.To)
+	if err != nil {
+		return res, fmt.Errorf("tls: %w", err)
+	}
+	conn, err := transfer.Dial(ctx, peer.Migrate, tlsCfg)
+	if err != nil {
+		return res, fmt.Errorf("connect to %s: %w", req.To, err)
+	}
+	defer conn.Close()
+	m := c.meta
+	if err := conn.WriteMsg(ctx, migration.MsgPrepare, migration.Prepare{Name: m.Name, Image: m.Image, IP: m.IP, MAC: m.MAC,
+		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: req.Strategy, From: a.cfg.Node}); err != nil {
+		return res, fmt.Errorf("prepare %s: %w", req.To, err)
+	}
+	if err := expect(ctx, conn, migration.MsgPrepared, nil); err != nil {
+		return res, fmt.Errorf("prepare on %s: %w", req.To, err)
+	}
+	tm.Mark(migration.PhasePrepare)
+
+	imgDir := filepath.Join(a.scratchDir(), name+"-out")
+	_ = os.RemoveAll(imgDir)
+	defer os.RemoveAll(imgDir)
+	// The result is reported as such (not as a refused request) from the
+	// freeze on.
+	res.Started = time.Now().UTC()
+	tm.Freeze()
+	if err := a.rt.Checkpoint(ctx, name, runc.CheckpointOpts{ImagePath: imgDir, WorkPath: imgDir, TCPEstablished: true}); err != nil {
+		// CRIU resumes the service when a dump fails, but leaves its lock.
+		uerr := netplane.Unlock(a.nsPath(name))
+		_ = conn.WriteMsg(ctx, migration.MsgAbort, migration.Abort{Reason: "dump failed on source"})
+		return res, errors.Join(fmt.Errorf("dump: %w", err), uerr, a.ensureRunning(context.WithoutCancel(ctx), name))
+	}
+	tm.Mark(migration.PhaseDump)
+	if st, serr := runc.ReadDumpStats(imgDir); serr == nil {
+		res.CRIU = dumpStatsMap(st)
+	}
+
+	// From here on the service is frozen: every failure rolls back.
+	rollback := func(cause error) (migration.Result, error) {
+		_ = conn.WriteMsg(context.WithoutCancel(ctx), migration.MsgAbort, migration.Abort{Reason: cause.Error()})
+		conn.Close()
+		rerr := a.restoreLocal(context.WithoutCancel(ctx), c, imgDir)
+		tm.Mark(migration.PhaseRollback)
+		res.RolledBack = rerr == nil
+		res.DowntimeMs = migration.Ms(tm.Downtime())
+		if rerr != nil {
+			return res, errors.Join(cause, fmt.Errorf("rollback failed, service lost: %w", rerr))
+		}
+		return res, fmt.Errorf("%w (service resumed on %s)", cause, a.cfg.Node)
+	}
+
+	opts := transfer.SendOptions{Name: "images", Compression: transfer.CompressOff}
+	st1, err := conn.SendDir(ctx, imgDir, opts)
+	if err != nil {
+		return rollback(fmt.Errorf("send images: %w", err))
+	}
+	opts.Name = "upper"
+	st2, err := conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
+	if err != nil {
+		return rollback(fmt.Errorf("send writable layer: %w", err))
+	}
+	res.BytesOnWire = st1.WireBytes + st2.WireBytes
+	res.StateBytes = st1.PayloadBytes + st2.PayloadBytes
+	tm.Mark(migration.PhaseTransfer)
+
+	var restored migration.Restored
+	if err := expect(ctx, conn, migration.MsgRestored, &restored); err != nil {
+		return rollback(fmt.Errorf("restore on %s: %w", req.To, err))
+	}
+	tm.Mark(migration.PhaseRestore)
+	for k, v := range restored.CRIU {
+		if res.CRIU == nil {
+			res.CRIU = map[string]float64{}
+		}
+		res.CRIU[k] = v
+	}
+
+	// Commit point: the service now belongs to the destination. It is
+	// dropped from this node's table first, so a destination that loses
+	// this connection and asks us learns it must switch.
+	a.mu.Lock()
+	delete(a.containers, name)
+	a.mu.Unlock()
+	if c.log != nil {
+		c.log.Close()
+	}
+	var sw migration.Switched
+	cerr := conn.WriteMsg(ctx, migration.MsgCommit, struct{}{})
+	if cerr == nil {
+		cerr = expect(ctx, conn, migration.MsgSwitched, &sw)
+	}
+	res.DowntimeMs = migration.Ms(tm.Downtime())
+	tm.Mark(migration.PhaseNetwork)
+	if cerr != nil {
+		a.log.Warn("no switch confirmation; destination decides from our state", "container", name, "err", cerr)
+	}
+
+	// Release the source.
+	if err := a.releaseSource(context.WithoutCancel(ctx), name); err != nil {
+		a.log.Warn("source cleanup", "container", name, "err", err)
+	}
+	tm.Mark(migration.PhaseCleanup)
+	res.SourceFreeMs = migration.Ms(tm.Elapsed())
+	a.log.Info("migrated", "container", name, "to", req.To, "downtime_ms", res.DowntimeMs)
+	return res, nil
+}
+
+// ensureRunning restores nothing; it checks the service survived a failed
+// dump and reports if it did not.
+func (a *Agent) ensureRunning(ctx context.Context, name string) error {
+	st, err := a.rt.State(ctx, name)
+	if err != nil {
+		return fmt.Errorf("service state after failed dump: %w", err)
+	}
+	if st.Status != runc.StatusRunning {
+		return fmt.Errorf("service is %s after failed dump", st.Status)
+	}
+	return nil
+}
+
+// restoreLocal brings a checkpointed container back on this node from its
+// images, in its original namespace.
+func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string) error {
+	name := c.meta.Name
+	if st, err := a.rt.State(ctx, name); err == nil && st.Status == runc.StatusRunning {
+		return nil
+	}
+	lf, err := os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	if _, err := a.rt.Restore(ctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+		lf.Close()
+		return err
+	}
+	a.mu.Lock()
+	if c.log != nil {
+		c.log.Close()
+	}
+	c.log = lf
+	a.containers[name] = c
+	a.mu.Unlock()
+	mac, _ := net.ParseMAC(c.meta.MAC)
+	_ = a.plane.DelRemote(mac)
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	return a.announce(actx, a.endpoint(c), false)
+}
+
+// releaseSource removes the migrated container's remains here (the runc
+// container is already gone after the dump).
+func (a *Agent) releaseSource(ctx context.Context, name string) error {
+	var errs []error
+	if _, err := a.rt.State(ctx, name); err == nil {
+		errs = append(errs, a.rt.Delete(ctx, name, true))
+	}
+	errs = append(errs, a.plane.Detach(name), linux.Unmount(a.rootfs(name)), linux.DeleteNetNS(a.nsPath(name)))
+	errs = append(errs, os.RemoveAll(a.dir(name)))
+	return errors.Join(errs...)
+}
+
+// expect reads the next message and requires typ; an abort becomes an
+// error with the peer's reason.
+func expect(ctx context.Context, conn *transfer.Conn, typ string, v any) error {
+	got, body, err := conn.ReadMsg(ctx)
+	if err != nil {
+		return err
+	}
+	if got == migration.MsgAbort {
+		var ab migration.Abort
+		_ = json.Unmarshal(body, &ab)
+		return fmt.Errorf("peer aborted: %s", ab.Reason)
+	}
+	if got != typ {
+		return fmt.Errorf("protocol: got %q, want %q", got, typ)
+	}
+	if v != nil {
+		return json.Unmarshal(body, v)
+	}
+	return nil
+}
+
+// serveMigrations accepts incoming migrations until ctx ends.
+func (a *Agent) serveMigrations(ctx context.Context, l *transfer.Listener) {
+	for {
+		conn, err := l.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			a.log.Warn("accept migration", "err", err)
+			continue
+		}
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			defer conn.Close()
+			if err := a.receive(ctx, conn); err != nil {
+				a.log.Warn("incoming migration failed", "from", conn.Peer(), "err", err)
+			}
+		}()
+	}
+}
+
+// receive is the destination side of a migration.
+func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
+	typ, body, err := conn.ReadMsg(ctx)
+	if err != nil {
+		return err
+	}
+	if typ != migration.MsgPrepare {
+		return fmt.Errorf("protocol: got %q, want prepare", typ)
+	}
+	var p migration.Prepare
+	if err := json.Unmarshal(body, &p); err != nil {
+		return err
+	}
+	fail := func(err error) error {
+		_ = conn.WriteMsg(context.WithoutCancel(ctx), migration.MsgAbort, migration.Abort{Reason: fmt.Sprintf("%s: %v", a.cfg.Node, err)})
+		return err
+	}
+	if a.cfg.Role != RoleNode {
+		return fail(fmt.Errorf("%s does not run containers", a.cfg.Node))
+	}
+	if _, err := a.claim(p.Name, false); err != nil {
+		return fail(err)
+	}
+	defer a.release(p.Name)
+	committed := false
+	defer func() {
+		if !committed {
+			_ = a.destroy(context.WithoutCancel(ctx), p.Name)
+		}
+	}()
+
+	// Prepare before the source freezes: rootfs base, namespace with the
+	// same IP and MAC, CRIU's lock chain before the link comes up.
+	ip, err := netip.ParseAddr(p.IP)
+	if err != nil {
+		return fail(err)
+	}
+	lower, _, digest, err := a.unpackImage(ctx, p.Image)
+	if err != nil {
+		return fail(err)
+	}
+	m := meta{Name: p.Name, Image: p.Image, Digest: digest, IP: p.IP, MAC: p.MAC, Args: p.Args, Env: p.Env, Cwd: p.Cwd, Created: time.Now().UTC()}
+	if err := os.MkdirAll(a.dir(p.Name), 0o755); err != nil {
+		return fail(err)
+	}
+	if err := a.writeMeta(m); err != nil {
+		return fail(err)
+	}
+	ns := a.nsPath(p.Name)
+	if err := linux.NewNetNS(ns); err != nil {
+		return fail(err)
+	}
+	if err := netplane.Lock(ns); err != nil {
+		return fail(err)
+	}
+	ep := netplane.Endpoint{Container: p.Name, NetNSPath: ns, Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
+	if err := a.plane.Attach(ep, false); err != nil {
+		return fail(err)
+	}
+	if err := runc.WriteBundle(a.bundle(p.Name), a.runcSpec(m)); err != nil {
+		return fail(err)
+	}
+	imgDir := filepath.Join(a.scratchDir(), p.Name+"-in")
+	_ = os.RemoveAll(imgDir)
+	defer os.RemoveAll(imgDir)
+	if err := conn.WriteMsg(ctx, migration.MsgPrepared, struct{}{}); err != nil {
+		return err
+	}
+
+	// The source is frozen now: receive, restore, report.
+	if _, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{}); err != nil {
+		return fail(fmt.Errorf("receive images: %w", err))
+	}
+	upper := filepath.Join(a.dir(p.Name), "upper")
+	if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
+		return fail(fmt.Errorf("receive writable layer: %w", err))
+	}
+	if err := linux.MountOverlay(lower, upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
+		return fail(err)
+	}
+	lf, err := os.OpenFile(a.logPath(p.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return fail(err)
+	}
+	t0 := time.Now()
+	if _, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-work", TCPEstablished: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+		lf.Close()
+		return fail(fmt.Errorf("restore: %w", err))
+	}
+	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0))}
+	if st, err := runc.ReadRestoreStats(imgDir + "-work"); err == nil {
+		r.CRIU = restoreStatsMap(st)
+	} else if st, err := runc.ReadRestoreStats(imgDir); err == nil {
+		r.CRIU = restoreStatsMap(st)
+	}
+	c := &container{meta: m, log: lf}
+	if err := conn.WriteMsg(ctx, migration.MsgRestored, r); err != nil {
+		return a.decideAfterLoss(ctx, c, p.From, err, &committed)
+	}
+	if err := expect(ctx, conn, migration.MsgCommit, nil); err != nil {
+		return a.decideAfterLoss(ctx, c, p.From, err, &committed)
+	}
+	committed = true
+	sw := a.switchHere(ctx, c)
+	_ = conn.WriteMsg(ctx, migration.MsgSwitched, sw)
+	return nil
+}
+
+// switchHere makes this node the service's home: local FDB, then every
+// peer's FDB in parallel.
+func (a *Agent) switchHere(ctx context.Context, c *container) migration.Switched {
+	t0 := time.Now()
+	a.mu.Lock()
+	a.containers[c.meta.Name] = c
+	a.mu.Unlock()
+	mac, _ := net.ParseMAC(c.meta.MAC)
+	if err := a.plane.DelRemote(mac); err != nil {
+		a.log.Warn("drop remote fdb", "err", err)
+	}
+	if err := a.plane.SetLocal(mac, c.meta.Name); err != nil {
+		a.log.Warn("pin local fdb", "err", err)
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := a.announce(actx, a.endpoint(c), false); err != nil {
+		a.log.Warn("announce migrated endpoint", "container", c.meta.Name, "err", err)
+	}
+	return migration.Switched{NetworkMs: migration.Ms(time.Since(t0))}
+}
+
+// decideAfterLoss settles a restored service whose source connection
+// broke before the commit: the source's own table is the truth. If the
+// source no longer has the service it committed, and this node switches;
+// otherwise the source rolled back and this copy is destroyed.
+func (a *Agent) decideAfterLoss(ctx context.Context, c *container, from string, cause error, committed *bool) error {
+	src, ok := a.peers[from]
+	if !ok {
+		return cause
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		sc, err := src.Get(rctx, c.meta.Name)
+		cancel()
+		switch {
+		case errors.Is(err, api.ErrNotFound):
+			*committed = true
+			a.switchHere(ctx, c)
+			return nil
+		case err == nil && sc.Status == "running":
+			return fmt.Errorf("source kept the service: %w", cause)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return fmt.Errorf("source unreachable after restore; destination copy dropped: %w", cause)
+}

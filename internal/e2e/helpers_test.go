@@ -1,0 +1,108 @@
+package e2e
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/edgehop/edgehop/internal/testutil"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// binary returns the edgehop binary under test: $EDGEHOP_BIN, or one built
+// once for this test process.
+func binary(t *testing.T) string {
+	t.Helper()
+	if p := os.Getenv("EDGEHOP_BIN"); p != "" {
+		return p
+	}
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "edgehop-e2e")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "edgehop")
+		out, err := exec.Command("go", "build", "-o", binPath, "github.com/edgehop/edgehop/cmd/edgehop").CombinedOutput()
+		if err != nil {
+			buildErr = err
+			t.Logf("%s", out)
+			return
+		}
+		probe := filepath.Join(dir, "probe")
+		if out, err := exec.Command("go", "build", "-o", probe, "github.com/edgehop/edgehop/cmd/probe").CombinedOutput(); err != nil {
+			buildErr = err
+			t.Logf("%s", out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatalf("build edgehop: %v", buildErr)
+	}
+	return binPath
+}
+
+// env is a testbed environment for one test.
+type env struct {
+	t    *testing.T
+	bin  string
+	name string
+	root string
+}
+
+func newEnv(t *testing.T) *env {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter")
+	e := &env{t: t, bin: binary(t), name: testutil.UniqueName("e"), root: t.TempDir()}
+	return e
+}
+
+// run runs edgehop with args and returns stdout, stderr and the error.
+func (e *env) run(args ...string) (string, string, error) {
+	e.t.Helper()
+	cmd := exec.Command(e.bin, args...)
+	cmd.Env = append(os.Environ(), "EDGEHOP_TESTBED="+e.name, "EDGEHOP_ROOT="+e.root)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	return out.String(), errb.String(), err
+}
+
+// must runs edgehop and fails the test on error.
+func (e *env) must(args ...string) string {
+	e.t.Helper()
+	out, errs, err := e.run(args...)
+	if err != nil {
+		e.t.Fatalf("edgehop %s: %v\nstdout: %s\nstderr: %s", strings.Join(args, " "), err, out, errs)
+	}
+	return out
+}
+
+func (e *env) mustJSON(v any, args ...string) {
+	e.t.Helper()
+	out := e.must(args...)
+	if err := json.Unmarshal([]byte(out), v); err != nil {
+		e.t.Fatalf("edgehop %s: bad JSON %v:\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// up brings the testbed up and registers its teardown.
+func (e *env) up(args ...string) {
+	e.t.Helper()
+	e.t.Cleanup(func() {
+		if _, errs, err := e.run("testbed", "down"); err != nil {
+			e.t.Errorf("testbed down: %v: %s", err, errs)
+		}
+	})
+	e.must(append([]string{"testbed", "up"}, args...)...)
+}

@@ -1,0 +1,171 @@
+package image
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"time"
+
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/edgehop/edgehop/internal/linux"
+)
+
+// ErrToolMissing is returned when a program the build needs is not installed.
+var ErrToolMissing = errors.New("required tool not installed")
+
+// chrootEnv is the environment of commands run inside the rootfs being built.
+var chrootEnv = []string{DefaultPath, "DEBIAN_FRONTEND=noninteractive", "LC_ALL=C", "HOME=/root"}
+
+// buildServices makes a Debian minbase rootfs with debootstrap, installs
+// ServicePackages into it with apt inside a chroot, strips caches and
+// documentation, and packs it as one layer. It needs root and network
+// access to the mirror.
+func buildServices(ctx context.Context, opts BuildOptions) (res Result, err error) {
+	if cached, ok := cachedResult(opts.Root, Services); ok && !opts.Force {
+		return cached, nil
+	}
+	for _, tool := range []string{"debootstrap", "chroot"} {
+		if _, err := exec.LookPath(tool); err != nil {
+			return Result{}, fmt.Errorf("%w: %s", ErrToolMissing, tool)
+		}
+	}
+	work, err := os.MkdirTemp(opts.Root, ".tmp-services-build-")
+	if err != nil {
+		return Result{}, err
+	}
+	defer func() { err = errors.Join(err, removeBuildDir(work)) }()
+	rootfs := filepath.Join(work, "rootfs")
+	log := opts.Logger.With("image", Services)
+
+	step := func(what string, name string, args ...string) error {
+		t := time.Now()
+		cmd := linux.GroupCommand(ctx, name, args...)
+		cmd.Env = chrootEnv
+		var out bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &out, &out
+		if err := cmd.Run(); err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("%s: %w", what, ctx.Err())
+			}
+			return fmt.Errorf("%s: %w: %s", what, err, tail(out.String(), 800))
+		}
+		log.Info("build step done", "step", what, "took", time.Since(t).Round(time.Millisecond))
+		return nil
+	}
+	chroot := func(what string, args ...string) error {
+		return step(what, "chroot", append([]string{rootfs}, args...)...)
+	}
+
+	if err := step("debootstrap", "debootstrap", "--variant=minbase", opts.Suite, rootfs, opts.Mirror); err != nil {
+		return Result{}, err
+	}
+	// Package scripts must not start services in the build chroot.
+	policy := filepath.Join(rootfs, "usr/sbin/policy-rc.d")
+	if err := os.WriteFile(policy, []byte("#!/bin/sh\nexit 101\n"), 0o755); err != nil {
+		return Result{}, err
+	}
+	if err := chroot("apt-get update", "apt-get", "-q", "update"); err != nil {
+		return Result{}, err
+	}
+	pkgs := append([]string{"apt-get", "-q", "-y", "--no-install-recommends", "install"}, ServicePackages...)
+	if err := chroot("apt-get install", pkgs...); err != nil {
+		return Result{}, err
+	}
+	if err := chroot("apt-get clean", "apt-get", "clean"); err != nil {
+		return Result{}, err
+	}
+	if err := os.Remove(policy); err != nil {
+		return Result{}, err
+	}
+	for _, glob := range []string{
+		"var/lib/apt/lists/*", "var/cache/apt/*", "var/cache/debconf/*-old", "var/log/apt/*",
+		"usr/share/doc/*", "usr/share/man/*", "usr/share/info/*", "usr/share/lintian/*",
+	} {
+		matches, err := filepath.Glob(filepath.Join(rootfs, glob))
+		if err != nil {
+			return Result{}, err
+		}
+		for _, m := range matches {
+			if err := os.RemoveAll(m); err != nil {
+				return Result{}, err
+			}
+		}
+	}
+	conf := filepath.Join(rootfs, "etc/mosquitto/conf.d/edgehop.conf")
+	if err := os.WriteFile(conf, []byte(mosquittoConf), 0o644); err != nil {
+		return Result{}, fmt.Errorf("mosquitto config: %w", err)
+	}
+
+	// debootstrap unmounts what it mounted; make sure before packing.
+	if err := unmountUnder(rootfs); err != nil {
+		return Result{}, err
+	}
+	t := time.Now()
+	layerPath := filepath.Join(work, "layer.tar.gz")
+	f, err := os.Create(layerPath)
+	if err != nil {
+		return Result{}, err
+	}
+	err = packDir(ctx, rootfs, f, "dev", "proc", "sys")
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return Result{}, err
+	}
+	layer, err := tarball.LayerFromFile(layerPath, tarball.WithMediaType(types.OCILayer))
+	if err != nil {
+		return Result{}, fmt.Errorf("services layer: %w", err)
+	}
+	log.Info("build step done", "step", "pack", "took", time.Since(t).Round(time.Millisecond))
+	img, err := assemble(layer, runtime.GOARCH, time.Now(), v1.Config{Env: []string{DefaultPath}})
+	if err != nil {
+		return Result{}, err
+	}
+	return install(ctx, opts.Root, Services, img)
+}
+
+// removeBuildDir removes a build directory, first detaching anything a
+// killed debootstrap left mounted inside it (its /proc, /sys or /dev), so
+// RemoveAll never walks into a live filesystem.
+func removeBuildDir(dir string) error {
+	if err := unmountUnder(dir); err != nil {
+		return err
+	}
+	return os.RemoveAll(dir)
+}
+
+func unmountUnder(dir string) error {
+	mounts, err := linux.MountsUnder(dir)
+	if err != nil {
+		return fmt.Errorf("list mounts under %s: %w", dir, err)
+	}
+	var errs []error
+	for _, m := range mounts {
+		errs = append(errs, linux.Unmount(m))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if left, _ := linux.MountsUnder(dir); len(left) > 0 {
+		return fmt.Errorf("still mounted under %s: %s", dir, strings.Join(left, ", "))
+	}
+	return nil
+}
+
+func tail(s string, n int) string {
+	s = strings.TrimSpace(s)
+	if len(s) > n {
+		s = "…" + s[len(s)-n:]
+	}
+	return strings.ReplaceAll(s, "\n", " | ")
+}

@@ -1,0 +1,48 @@
+package linux
+
+import (
+	"fmt"
+	"os"
+
+	"golang.org/x/sys/unix"
+)
+
+// MountOverlay mounts an overlay filesystem at target with a read-only
+// lower layer and a writable upper layer (work is overlayfs' scratch dir).
+func MountOverlay(lower, upper, work, target string) error {
+	for _, d := range []string{upper, work, target} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return err
+		}
+	}
+	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
+	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+		return fmt.Errorf("mount overlay at %s: %w", target, err)
+	}
+	return nil
+}
+
+// IsMountPoint reports whether path is listed in /proc/self/mountinfo.
+func IsMountPoint(path string) bool {
+	ms, err := MountsUnder(path)
+	if err != nil {
+		return false
+	}
+	for _, m := range ms {
+		if m == path {
+			return true
+		}
+	}
+	return false
+}
+
+// MountTmpfs mounts a tmpfs at target (created if missing).
+func MountTmpfs(target string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	if err := unix.Mount("tmpfs", target, "tmpfs", 0, "mode=0700"); err != nil {
+		return fmt.Errorf("mount tmpfs at %s: %w", target, err)
+	}
+	return nil
+}

@@ -1,0 +1,162 @@
+package migration
+
+import (
+	"fmt"
+	"time"
+)
+
+// Strategy is how memory state moves.
+type Strategy string
+
+// The strategies edgehop implements.
+const (
+	StopAndCopy Strategy = "stop-and-copy" // freeze, dump everything, ship, restore
+	PostCopy    Strategy = "post-copy"     // freeze, dump without pages, restore, pull pages lazily
+	Auto        Strategy = "auto"          // the planner chooses
+)
+
+// ParseStrategy validates a strategy name.
+func ParseStrategy(s string) (Strategy, error) {
+	switch Strategy(s) {
+	case StopAndCopy, PostCopy, Auto:
+		return Strategy(s), nil
+	case "":
+		return StopAndCopy, nil
+	}
+	return "", fmt.Errorf("unknown strategy %q (stop-and-copy, post-copy, auto)", s)
+}
+
+// Phase names, in the order a migration passes them.
+const (
+	PhasePrepare  = "prepare"  // destination namespace, IP/MAC, lock chain, rootfs
+	PhaseDump     = "dump"     // freeze + CRIU dump on the source
+	PhaseTransfer = "transfer" // images and writable layer to the destination
+	PhaseRestore  = "restore"  // CRIU restore on the destination
+	PhaseNetwork  = "network"  // FDB switch on every node
+	PhaseCleanup  = "cleanup"  // source released
+	PhaseLazy     = "lazy"     // post-copy: remaining pages pulled after restore
+	PhaseRollback = "rollback" // service restored on the source after a failure
+)
+
+// Request asks the source agent to migrate a container.
+type Request struct {
+	To       string   `json:"to"`
+	Strategy Strategy `json:"strategy"`
+}
+
+// Result is what a migration recorded.
+type Result struct {
+	Container    string             `json:"container"`
+	From         string             `json:"from"`
+	To           string             `json:"to"`
+	Strategy     Strategy           `json:"strategy"`
+	OK           bool               `json:"ok"`
+	Error        string             `json:"error,omitempty"`
+	RolledBack   bool               `json:"rolled_back,omitempty"`
+	DowntimeMs   float64            `json:"downtime_ms"`
+	TotalMs      float64            `json:"total_ms"`
+	SourceFreeMs float64            `json:"source_free_ms"` // until the source holds nothing of the service
+	PhasesMs     map[string]float64 `json:"phases_ms"`
+	BytesOnWire  int64              `json:"bytes_on_wire"`
+	StateBytes   int64              `json:"state_bytes"` // payload: images + writable layer
+	Compressed   bool               `json:"compressed"`
+	CRIU         map[string]float64 `json:"criu,omitempty"`
+	Started      time.Time          `json:"started"`
+}
+
+// Timer records consecutive phases. Not safe for concurrent use.
+type Timer struct {
+	start   time.Time
+	last    time.Time
+	now     func() time.Time
+	phases  map[string]float64
+	frozeAt time.Time
+}
+
+// NewTimer starts a timer; now is the clock (time.Now when nil).
+func NewTimer(now func() time.Time) *Timer {
+	if now == nil {
+		now = time.Now
+	}
+	t := now()
+	return &Timer{start: t, last: t, now: now, phases: map[string]float64{}}
+}
+
+// Mark ends the current phase under name and starts the next one.
+func (t *Timer) Mark(name string) {
+	n := t.now()
+	t.phases[name] += float64(n.Sub(t.last).Microseconds()) / 1000
+	t.last = n
+}
+
+// Add records a phase measured elsewhere (e.g. by the destination).
+func (t *Timer) Add(name string, ms float64) { t.phases[name] += ms }
+
+// Freeze notes the moment the service stopped serving.
+func (t *Timer) Freeze() { t.frozeAt = t.now() }
+
+// Downtime is the time since Freeze.
+func (t *Timer) Downtime() time.Duration {
+	if t.frozeAt.IsZero() {
+		return 0
+	}
+	return t.now().Sub(t.frozeAt)
+}
+
+// Elapsed is the time since the timer started.
+func (t *Timer) Elapsed() time.Duration { return t.now().Sub(t.start) }
+
+// Phases returns a copy of the recorded phases.
+func (t *Timer) Phases() map[string]float64 {
+	out := make(map[string]float64, len(t.phases))
+	for k, v := range t.phases {
+		out[k] = v
+	}
+	return out
+}
+
+// Ms converts a duration to float milliseconds.
+func Ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// Messages between source (S) and destination (D) agents, in order.
+const (
+	MsgPrepare  = "prepare"  // S→D Prepare
+	MsgPrepared = "prepared" // D→S {}
+	MsgRestored = "restored" // D→S Restored (after the image and layer streams)
+	MsgCommit   = "commit"   // S→D {}: S has given the service up; D switches the network
+	MsgSwitched = "switched" // D→S Switched
+	MsgAbort    = "abort"    // either way: Abort
+)
+
+// Prepare describes the service so the destination can get ready before
+// the freeze.
+type Prepare struct {
+	Name     string   `json:"name"`
+	Image    string   `json:"image"`
+	IP       string   `json:"ip"`
+	MAC      string   `json:"mac"`
+	Args     []string `json:"args"`
+	Env      []string `json:"env"`
+	Cwd      string   `json:"cwd"`
+	Strategy Strategy `json:"strategy"`
+	From     string   `json:"from"`
+	// PageServer is where the destination's lazy-pages daemon reaches the
+	// source's pages (post-copy), relayed through this connection's peer.
+	PageServer string `json:"page_server,omitempty"`
+}
+
+// Restored reports the destination's restore.
+type Restored struct {
+	RestoreMs float64            `json:"restore_ms"`
+	CRIU      map[string]float64 `json:"criu,omitempty"`
+}
+
+// Switched reports the destination's network switch.
+type Switched struct {
+	NetworkMs float64 `json:"network_ms"`
+}
+
+// Abort carries the reason a side gave up.
+type Abort struct {
+	Reason string `json:"reason"`
+}

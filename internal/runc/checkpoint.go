@@ -1,0 +1,340 @@
+package runc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+)
+
+// CRIU log files runc asks CRIU to write into the work directory.
+const (
+	DumpLog    = "dump.log"
+	RestoreLog = "restore.log"
+)
+
+// CheckpointOpts configures Checkpoint. Paths must be absolute (runc
+// resolves relative ones against its own working directory, which CRIU
+// does not share).
+type CheckpointOpts struct {
+	// ImagePath receives the CRIU images (and runc's descriptors.json);
+	// created when missing. Required.
+	ImagePath string
+	// WorkPath receives CRIU's dump.log; ImagePath when empty.
+	WorkPath string
+	// LeaveRunning keeps the container running after the dump.
+	LeaveRunning bool
+	// TCPEstablished dumps established TCP connections (CRIU's TCP
+	// repair). CRIU then locks the container's network namespace with
+	// its iptables "CRIU" chain for the dump; on a failed dump the chain
+	// may stay behind and the caller must remove it.
+	TCPEstablished bool
+	// ExtUnixSk allows unix sockets connected to peers outside the
+	// container.
+	ExtUnixSk bool
+	// FileLocks dumps file locks.
+	FileLocks bool
+	// LazyPages leaves memory pages out of the images; CRIU serves them
+	// from a page server listening on PageServer, and Checkpoint returns
+	// only once the restoring side has fetched them all (or failed).
+	LazyPages bool
+	// PageServer is "host:port". With LazyPages it is where this side's
+	// page server listens; without, CRIU sends the pages to a
+	// `criu page-server` listening there (see StartPageServer) instead
+	// of writing them to ImagePath.
+	PageServer string
+	// Ready, when set, is called once when CRIU reports through runc's
+	// --status-fd that the dump is written and the lazy page server is
+	// listening (lazy pages only): the images may be shipped and the
+	// restore started from then on. It runs on a goroutine Checkpoint
+	// waits for before returning, and must not block.
+	Ready func()
+	// ManageCgroupsMode is runc's --manage-cgroups-mode: "" (runc's
+	// default, soft), "soft", "full" or "strict".
+	ManageCgroupsMode string
+}
+
+// Validate reports what is wrong with o.
+func (o CheckpointOpts) Validate() error {
+	var errs []error
+	if !filepath.IsAbs(o.ImagePath) {
+		errs = append(errs, fmt.Errorf("image path %q must be absolute", o.ImagePath))
+	}
+	if o.WorkPath != "" && !filepath.IsAbs(o.WorkPath) {
+		errs = append(errs, fmt.Errorf("work path %q must be absolute", o.WorkPath))
+	}
+	if o.LazyPages && o.PageServer == "" {
+		errs = append(errs, errors.New("lazy pages need a page server address"))
+	}
+	if o.PageServer != "" {
+		if _, _, err := net.SplitHostPort(o.PageServer); err != nil {
+			errs = append(errs, fmt.Errorf("page server %q: %w", o.PageServer, err))
+		}
+	}
+	if o.Ready != nil && !o.LazyPages {
+		errs = append(errs, errors.New("ready callback is only called for lazy pages"))
+	}
+	errs = append(errs, validCgroupsMode(o.ManageCgroupsMode))
+	return errors.Join(errs...)
+}
+
+func validCgroupsMode(m string) error {
+	switch m {
+	case "", "soft", "full", "strict":
+		return nil
+	}
+	return fmt.Errorf("manage cgroups mode %q is not soft, full or strict", m)
+}
+
+// Checkpoint dumps container id with CRIU through `runc checkpoint`.
+// Without LeaveRunning the container is gone afterwards (runc deletes
+// it) and Checkpoint waits until its output has been copied out.
+//
+// A container in a network namespace given by path (Spec.NetNSPath) is
+// dumped with that namespace as external; Restore re-binds it to the
+// namespace path of the restore bundle.
+//
+// A failure is an *Error with runc's message and CRIU's reason from
+// dump.log. Cancelling ctx aborts the dump: without LazyPages runc is
+// killed and CRIU rolls back (resuming the container) at its next
+// exchange with runc, possibly a moment after Checkpoint has returned;
+// with LazyPages CRIU's page server is made to fail unless a lazy-pages
+// daemon is already fetching, which CRIU then completes.
+func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) error {
+	if err := o.Validate(); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	probe := r.CheckCRIU
+	if o.LazyPages {
+		probe = r.CheckLazyPages
+	}
+	if err := probe(ctx); err != nil {
+		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+	work := o.WorkPath
+	if work == "" {
+		work = o.ImagePath
+	}
+	for _, d := range []string{o.ImagePath, work} {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return fmt.Errorf("checkpoint %s: %w", id, err)
+		}
+	}
+	logPath := filepath.Join(work, DumpLog)
+	// A stale log would give a stale reason.
+	if err := os.Remove(logPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("checkpoint %s: %w", id, err)
+	}
+
+	args := []string{"--image-path", o.ImagePath, "--work-path", work}
+	flag := func(on bool, name string) {
+		if on {
+			args = append(args, name)
+		}
+	}
+	flag(o.LeaveRunning, "--leave-running")
+	flag(o.TCPEstablished, "--tcp-established")
+	flag(o.ExtUnixSk, "--ext-unix-sk")
+	flag(o.FileLocks, "--file-locks")
+	flag(o.LazyPages, "--lazy-pages")
+	if o.PageServer != "" {
+		args = append(args, "--page-server", o.PageServer)
+	}
+	if o.ManageCgroupsMode != "" {
+		args = append(args, "--manage-cgroups-mode", o.ManageCgroupsMode)
+	}
+	inv := invocation{op: "checkpoint", id: id, criu: true, criuLog: logPath}
+
+	var (
+		readyDone chan struct{}
+		statusR   *os.File
+	)
+	if o.Ready != nil {
+		rd, wr, err := os.Pipe()
+		if err != nil {
+			return fmt.Errorf("checkpoint %s: status pipe: %w", id, err)
+		}
+		statusR = rd
+		inv.extra = []*os.File{wr}
+		args = append(args, "--status-fd", "3")
+		readyDone = make(chan struct{})
+		go func() {
+			defer close(readyDone)
+			var b [1]byte
+			// End of file without a byte means CRIU failed before it
+			// was ready; Checkpoint's error says why.
+			if n, _ := io.ReadFull(rd, b[:]); n == 1 {
+				o.Ready()
+			}
+		}()
+	}
+	inv.args = args
+	if o.LazyPages {
+		// Killing runc would orphan its CRIU, which keeps the container
+		// stopped while it waits for a page client forever. Instead make
+		// CRIU's page server fail: it then rolls the dump back and resumes
+		// the container, and runc exits with the error.
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		inv.cancel = func() error {
+			// os/exec calls this before Wait returns, so before the
+			// deferred wg.Wait below.
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				abortLazyDump(stop, o.PageServer)
+			}()
+			return nil
+		}
+		defer func() {
+			close(stop)
+			wg.Wait()
+		}()
+	}
+
+	start := time.Now()
+	_, err := r.exec(ctx, inv) // an *Error names the op and id itself
+	if readyDone != nil {
+		// Closing our write end lets the reader see end of file once
+		// runc and CRIU are gone. A CRIU orphaned by a killed runc may
+		// still hold its copy: stop waiting for it after a while.
+		inv.extra[0].Close()
+		select {
+		case <-readyDone:
+		case <-time.After(time.Second):
+		}
+		statusR.Close()
+		<-readyDone
+	}
+	if err != nil {
+		return err
+	}
+	r.logger().Info("checkpointed container", "id", id, "took", time.Since(start),
+		"images", o.ImagePath, "lazy", o.LazyPages, "leave_running", o.LeaveRunning)
+	if !o.LeaveRunning {
+		r.endStreams(ctx, id)
+	}
+	return nil
+}
+
+// abortLazyDump makes the page server of a lazy dump at addr fail, until
+// stop is closed. CRIU's page server accepts one client; a client that
+// sends a truncated request header fails the session ("Can't read
+// pagemap from socket"), which fails the dump and makes CRIU resume the
+// container. (A client that just closes ends the session as complete, and
+// CRIU then kills the container as after a finished migration.) Once a
+// lazy-pages daemon is connected the dial is refused and the transfer
+// runs to its end, or fails with the daemon.
+func abortLazyDump(stop <-chan struct{}, addr string) {
+	t := time.NewTicker(50 * time.Millisecond)
+	defer t.Stop()
+	for {
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			_, _ = c.Write([]byte{0})
+			c.Close()
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// RestoreOpts configures Restore. Paths must be absolute.
+type RestoreOpts struct {
+	// ImagePath holds the images of a Checkpoint (shipped here by the
+	// caller). Required.
+	ImagePath string
+	// WorkPath receives CRIU's restore.log (and, with LazyPages, is
+	// where runc's CRIU finds the lazy-pages daemon's socket: it must be
+	// the daemon's LazyPagesOpts.WorkPath). ImagePath when empty.
+	WorkPath string
+	// TCPEstablished restores established TCP connections. The caller
+	// must have loaded CRIU's lock chain into the destination namespace
+	// before its link came up; CRIU removes it when the restore is done.
+	TCPEstablished bool
+	ExtUnixSk      bool
+	FileLocks      bool
+	// LazyPages restores without memory pages; a `criu lazy-pages`
+	// daemon (StartLazyPages) must already be running for WorkPath.
+	LazyPages bool
+	// ManageCgroupsMode is runc's --manage-cgroups-mode ("" = soft).
+	ManageCgroupsMode string
+}
+
+// Validate reports what is wrong with o.
+func (o RestoreOpts) Validate() error {
+	var errs []error
+	if !filepath.IsAbs(o.ImagePath) {
+		errs = append(errs, fmt.Errorf("image path %q must be absolute", o.ImagePath))
+	}
+	if o.WorkPath != "" && !filepath.IsAbs(o.WorkPath) {
+		errs = append(errs, fmt.Errorf("work path %q must be absolute", o.WorkPath))
+	}
+	errs = append(errs, validCgroupsMode(o.ManageCgroupsMode))
+	return errors.Join(errs...)
+}
+
+// Restore recreates container id from the images of a Checkpoint with
+// `runc restore --detach`, using the bundle's config.json (so its network
+// namespace path, rootfs and cgroup path apply), and returns the pid of
+// the restored init process. The restored processes get new stdio pipes
+// copied into o, as Run does.
+//
+// A failure is an *Error with runc's message and CRIU's reason from
+// restore.log; runc state left behind by the failed restore is removed.
+func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts, io IO) (int, error) {
+	if err := o.Validate(); err != nil {
+		return 0, fmt.Errorf("restore %s: %w", id, err)
+	}
+	probe := r.CheckCRIU
+	if o.LazyPages {
+		probe = r.CheckLazyPages
+	}
+	if err := probe(ctx); err != nil {
+		return 0, fmt.Errorf("restore %s: %w", id, err)
+	}
+	work := o.WorkPath
+	if work == "" {
+		work = o.ImagePath
+	}
+	if err := os.MkdirAll(work, 0o700); err != nil {
+		return 0, fmt.Errorf("restore %s: %w", id, err)
+	}
+	logPath := filepath.Join(work, RestoreLog)
+	if err := os.Remove(logPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("restore %s: %w", id, err)
+	}
+	args := []string{"--image-path", o.ImagePath, "--work-path", work}
+	if o.TCPEstablished {
+		args = append(args, "--tcp-established")
+	}
+	if o.ExtUnixSk {
+		args = append(args, "--ext-unix-sk")
+	}
+	if o.FileLocks {
+		args = append(args, "--file-locks")
+	}
+	if o.LazyPages {
+		args = append(args, "--lazy-pages")
+	}
+	if o.ManageCgroupsMode != "" {
+		args = append(args, "--manage-cgroups-mode", o.ManageCgroupsMode)
+	}
+	start := time.Now()
+	pid, err := r.start(ctx, invocation{op: "restore", id: id, args: args, criu: true, criuLog: logPath}, bundle, io)
+	if err != nil {
+		return 0, err // an *Error names the op and id itself
+	}
+	r.logger().Info("restored container", "id", id, "pid", pid, "took", time.Since(start),
+		"images", o.ImagePath, "lazy", o.LazyPages)
+	return pid, nil
+}

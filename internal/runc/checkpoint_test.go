@@ -1,0 +1,234 @@
+package runc_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/runc"
+	"github.com/edgehop/edgehop/internal/testutil"
+)
+
+// counterArgs prints 1, 2, 3, ... every 50 ms.
+var counterArgs = []string{"sh", "-c", "i=0; while true; do i=$((i+1)); echo $i; sleep 0.05; done"}
+
+// waitCount waits until b holds at least n numbers and returns them.
+func waitCount(t *testing.T, b *syncBuffer, n int) []int {
+	t.Helper()
+	var got []int
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if got = b.ints(t); len(got) < n {
+			return fmt.Errorf("%d lines so far, want %d", len(got), n)
+		}
+		return nil
+	})
+	return got
+}
+
+// consecutive fails the test unless nums counts up by one from first.
+func consecutive(t *testing.T, what string, nums []int, first int) {
+	t.Helper()
+	for i, n := range nums {
+		if n != first+i {
+			t.Fatalf("%s: line %d is %d, want %d (all: %v)", what, i, n, first+i, nums)
+		}
+	}
+}
+
+// TestCheckpointRestore checkpoints a counting shell loop, checks the
+// container is gone, restores it under the same id into a different
+// network namespace, and sees the count continue exactly where the
+// checkpoint stopped it. Dump and restore statistics must be plausible.
+func TestCheckpointRestore(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	requireCRIU(t, r)
+	nsA := testutil.NewNetNS(t, "rcpa")
+	nsB := testutil.NewNetNS(t, "rcpb")
+	id := testutil.UniqueName("cnt")
+	specA := testSpec(t, nsA, counterArgs...)
+	var before syncBuffer
+	pid, err := r.Run(ctx, id, writeBundle(t, specA), runc.IO{Stdout: &before, Stderr: &before})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, &before, 10)
+
+	images := filepath.Join(t.TempDir(), "images")
+	work := filepath.Join(t.TempDir(), "work")
+	start := time.Now()
+	err = r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, WorkPath: work})
+	dumpWall := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The container is gone, and Checkpoint has drained its output.
+	if alive(pid) {
+		t.Errorf("pid %d alive after checkpoint", pid)
+	}
+	assertGone(t, r, id, nsA, specA.CgroupsPath)
+	counted := before.ints(t)
+	consecutive(t, "before checkpoint", counted, 1)
+	last := counted[len(counted)-1]
+	if _, err := os.Stat(filepath.Join(work, runc.DumpLog)); err != nil {
+		t.Errorf("no CRIU dump log in the work dir: %v", err)
+	}
+
+	specB := specA
+	specB.NetNSPath = nsB
+	specB.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
+	bundleB := writeBundle(t, specB)
+	var after syncBuffer
+	start = time.Now()
+	pid, err = r.Restore(ctx, id, bundleB, runc.RestoreOpts{ImagePath: images, WorkPath: work},
+		runc.IO{Stdout: &after, Stderr: &after})
+	restoreWall := time.Since(start)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := r.State(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Status != runc.StatusRunning || s.Pid != pid || s.Bundle != bundleB {
+		t.Errorf("restored state %+v, want running pid %d bundle %s", s, pid, bundleB)
+	}
+	wantNS, err := linux.NetNSInode(nsB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := netnsOf(t, pid); got != wantNS {
+		t.Errorf("restored container in netns inode %d, want %d (%s)", got, wantNS, nsB)
+	}
+	consecutive(t, "after restore", waitCount(t, &after, 5), last+1)
+
+	ds, err := runc.ReadDumpStats(work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := runc.ReadRestoreStats(work)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ms, err := runc.ReadMemoryStats(images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("images: %d processes, %d pages, %d bytes", ms.Processes, ms.Pages, ms.ImageBytes)
+	if ms.Processes < 2 || ms.LazyPages != 0 || ms.PresentPages != ds.PagesWritten || ms.Pages != ds.PagesWritten {
+		t.Errorf("memory stats %+v: want the shell and its sleep, no lazy pages, %d pages as CRIU wrote", ms, ds.PagesWritten)
+	}
+	t.Logf("dump: runc checkpoint %v; criu frozen %v (freezing %v, memdump %v, memwrite %v), pages scanned %d written %d",
+		dumpWall, ds.FrozenTime, ds.FreezingTime, ds.MemdumpTime, ds.MemwriteTime, ds.PagesScanned, ds.PagesWritten)
+	t.Logf("restore: runc restore %v; criu restore %v (forking %v), pages restored %d compared %d",
+		restoreWall, rs.RestoreTime, rs.ForkingTime, rs.PagesRestored, rs.PagesCompared)
+	if ds.FrozenTime <= 0 || ds.FrozenTime > dumpWall || ds.FreezingTime > ds.FrozenTime {
+		t.Errorf("frozen %v, freezing %v: want 0 < freezing <= frozen <= wall %v", ds.FrozenTime, ds.FreezingTime, dumpWall)
+	}
+	if ds.PagesWritten == 0 || ds.PagesWritten > ds.PagesScanned || ds.PagesLazy != 0 {
+		t.Errorf("pages written %d scanned %d lazy %d: want 0 < written <= scanned, none lazy",
+			ds.PagesWritten, ds.PagesScanned, ds.PagesLazy)
+	}
+	if rs.RestoreTime <= 0 || rs.RestoreTime > restoreWall || rs.ForkingTime > rs.RestoreTime {
+		t.Errorf("restore %v, forking %v: want 0 < forking <= restore <= wall %v", rs.RestoreTime, rs.ForkingTime, restoreWall)
+	}
+	// CRIU maps some dumped pages (the vDSO's) instead of copying them.
+	if rs.PagesRestored == 0 || rs.PagesRestored > ds.PagesWritten {
+		t.Errorf("restored %d pages, dump wrote %d: want 0 < restored <= written", rs.PagesRestored, ds.PagesWritten)
+	}
+
+	if err := r.Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	assertGone(t, r, id, nsB, specB.CgroupsPath)
+}
+
+// TestRestoreCorruptImages restores from damaged images: the error must
+// carry CRIU's reason, and nothing of the container may be left behind.
+func TestRestoreCorruptImages(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	requireCRIU(t, r)
+	ns := testutil.NewNetNS(t, "rbrk")
+	id := testutil.UniqueName("brk")
+	spec := testSpec(t, ns, counterArgs...)
+	var out syncBuffer
+	if _, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, &out, 3)
+	images := filepath.Join(t.TempDir(), "images")
+	if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images}); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name   string
+		damage func(t *testing.T, dir string)
+	}{
+		{"garbage inventory", func(t *testing.T, dir string) {
+			write(t, filepath.Join(dir, "inventory.img"), []byte("this is not a criu image"))
+		}},
+		{"truncated process tree", func(t *testing.T, dir string) {
+			data, err := os.ReadFile(filepath.Join(dir, "pstree.img"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			write(t, filepath.Join(dir, "pstree.img"), data[:len(data)/2])
+		}},
+		{"missing core image", func(t *testing.T, dir string) {
+			cores, err := filepath.Glob(filepath.Join(dir, "core-*.img"))
+			if err != nil || len(cores) == 0 {
+				t.Fatalf("no core images (%v)", err)
+			}
+			for _, c := range cores {
+				if err := os.Remove(c); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "images")
+			if out, err := exec.Command("cp", "-a", images, dir).CombinedOutput(); err != nil {
+				t.Fatalf("copy images: %v: %s", err, out)
+			}
+			tt.damage(t, dir)
+			restoreSpec := spec
+			restoreSpec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
+			var out syncBuffer
+			_, err := r.Restore(ctx, id, writeBundle(t, restoreSpec), runc.RestoreOpts{ImagePath: dir}, runc.IO{Stdout: &out})
+			if err == nil {
+				t.Fatal("restore from damaged images succeeded")
+			}
+			t.Logf("restore error: %v", err)
+			var re *runc.Error
+			if !errors.As(err, &re) {
+				t.Fatalf("got %T, want a *runc.Error", err)
+			}
+			if re.CRIUReason == "" || !strings.Contains(err.Error(), re.CRIUReason) ||
+				!strings.Contains(err.Error(), filepath.Join(dir, runc.RestoreLog)) {
+				t.Errorf("error %q lacks CRIU's reason and log path", err)
+			}
+			if !strings.Contains(re.CRIUReason, "Error") {
+				t.Errorf("CRIU reason %q has no CRIU error line", re.CRIUReason)
+			}
+			assertGone(t, r, id, ns, restoreSpec.CgroupsPath)
+		})
+	}
+}
+
+func write(t *testing.T, path string, data []byte) {
+	t.Helper()
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

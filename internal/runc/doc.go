@@ -1,0 +1,20 @@
+// Package runc is edgehop's container runtime seam: it writes OCI bundles
+// (config.json from the runtime-spec types) and drives the runc binary
+// through a container's life — run, state, list, kill, delete — and through
+// CRIU checkpoint/restore as runc exposes it (including TCP connections,
+// an external network namespace re-bound to a new path on restore, and
+// post-copy lazy pages with CRIU's page server). It also reads CRIU's
+// dump/restore statistics images and runs the CRIU daemons that pair with a
+// lazy or remote-page dump on the receiving node (criu lazy-pages,
+// criu page-server).
+//
+// Container stdio is always a set of pipes owned by the Runtime, never a
+// host file, because CRIU cannot restore a host file descriptor inside
+// another machine's mount namespace; runc maps the pipes recorded at
+// checkpoint onto the new pipes given at restore.
+//
+// It must not create network namespaces, links, addresses or firewall
+// rules, unpack images or mount root filesystems, transfer images between
+// nodes, or decide when to migrate: callers (the node agent) do those and
+// hand this package paths.
+package runc

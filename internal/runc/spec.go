@@ -1,0 +1,223 @@
+package runc
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+)
+
+// Spec is the plain description of one container from which WriteBundle
+// produces config.json. It holds only what edgehop varies; everything else
+// gets runc's `runc spec` defaults (see WriteBundle).
+type Spec struct {
+	// Rootfs is the absolute path of the unpacked (or overlay-mounted)
+	// root filesystem. It is used as is; WriteBundle never touches it.
+	Rootfs string
+	// Args is the command line of the container's init process; required.
+	Args []string
+	// Env is the process environment; a default PATH is added when Env
+	// has none.
+	Env []string
+	// Cwd is the working directory; "/" when empty.
+	Cwd string
+	// Hostname is set in the container's own UTS namespace when not empty.
+	Hostname string
+	// NetNSPath is the bind-mounted network namespace to join (created by
+	// the caller). When empty the container gets a fresh, empty network
+	// namespace. With a path, runc's checkpoint records the namespace as
+	// external and restore re-binds it to the path in the restore
+	// bundle's config.json, which is how a migrated container lands in
+	// the destination's namespace.
+	NetNSPath string
+	// ReadonlyRootfs mounts the root filesystem read-only.
+	ReadonlyRootfs bool
+	// Mounts are added after the default /proc, /dev, /sys mounts.
+	Mounts []specs.Mount
+	// MemoryLimit is the memory cgroup limit in bytes; 0 means none.
+	MemoryLimit int64
+	// CgroupsPath is the container's cgroup path below each hierarchy's
+	// root. Containers on different emulated nodes of one host share the
+	// host's cgroupfs, so callers should make it unique per host (for
+	// example "/edgehop/<testbed>/<node>/<id>"); when empty runc uses
+	// "/<container id>", which collides between nodes.
+	CgroupsPath string
+	// Capabilities replaces the default capability set (bounding,
+	// effective, permitted) when not nil.
+	Capabilities []string
+	// Annotations are copied into config.json.
+	Annotations map[string]string
+}
+
+// DefaultCapabilities is the capability set a container gets when
+// Spec.Capabilities is nil: the set container engines grant by default,
+// enough for common services that drop privileges or bind low ports.
+var DefaultCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
+	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+// Validate reports what is missing or malformed in s.
+func (s Spec) Validate() error {
+	var errs []error
+	if s.Rootfs == "" || !filepath.IsAbs(s.Rootfs) {
+		errs = append(errs, fmt.Errorf("rootfs %q must be an absolute path", s.Rootfs))
+	}
+	if len(s.Args) == 0 {
+		errs = append(errs, errors.New("args must not be empty"))
+	}
+	if s.Cwd != "" && !filepath.IsAbs(s.Cwd) {
+		errs = append(errs, fmt.Errorf("cwd %q must be absolute", s.Cwd))
+	}
+	if s.NetNSPath != "" && !filepath.IsAbs(s.NetNSPath) {
+		errs = append(errs, fmt.Errorf("netns path %q must be absolute", s.NetNSPath))
+	}
+	if s.MemoryLimit < 0 {
+		errs = append(errs, fmt.Errorf("memory limit %d is negative", s.MemoryLimit))
+	}
+	for _, m := range s.Mounts {
+		if !filepath.IsAbs(m.Destination) {
+			errs = append(errs, fmt.Errorf("mount destination %q must be absolute", m.Destination))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Config returns the runtime-spec configuration for s, with the defaults
+// of `runc spec` (runc 1.1): pid, ipc, uts, mount and network namespaces,
+// no user namespace, no terminal, uid 0, /proc /dev /dev/pts /dev/shm
+// /dev/mqueue /sys /sys/fs/cgroup mounts, masked and read-only /proc
+// paths, all devices denied except runc's defaults, no new privileges.
+func (s Spec) Config() (*specs.Spec, error) {
+	if err := s.Validate(); err != nil {
+		return nil, fmt.Errorf("invalid spec: %w", err)
+	}
+	env := append([]string(nil), s.Env...)
+	if !hasPath(env) {
+		env = append([]string{defaultPath}, env...)
+	}
+	cwd := s.Cwd
+	if cwd == "" {
+		cwd = "/"
+	}
+	caps := s.Capabilities
+	if caps == nil {
+		caps = DefaultCapabilities
+	}
+	netns := specs.LinuxNamespace{Type: specs.NetworkNamespace, Path: s.NetNSPath}
+	resources := &specs.LinuxResources{
+		Devices: []specs.LinuxDeviceCgroup{{Allow: false, Access: "rwm"}},
+	}
+	if s.MemoryLimit > 0 {
+		limit := s.MemoryLimit
+		resources.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	mounts := append(defaultMounts(), s.Mounts...)
+
+	return &specs.Spec{
+		Version: specs.Version,
+		Process: &specs.Process{
+			Terminal: false,
+			User:     specs.User{UID: 0, GID: 0},
+			Args:     append([]string(nil), s.Args...),
+			Env:      env,
+			Cwd:      cwd,
+			Capabilities: &specs.LinuxCapabilities{
+				Bounding:  append([]string(nil), caps...),
+				Effective: append([]string(nil), caps...),
+				Permitted: append([]string(nil), caps...),
+			},
+			Rlimits:         []specs.POSIXRlimit{{Type: "RLIMIT_NOFILE", Hard: 1024, Soft: 1024}},
+			NoNewPrivileges: true,
+		},
+		Root:        &specs.Root{Path: s.Rootfs, Readonly: s.ReadonlyRootfs},
+		Hostname:    s.Hostname,
+		Mounts:      mounts,
+		Annotations: s.Annotations,
+		Linux: &specs.Linux{
+			Resources:   resources,
+			CgroupsPath: s.CgroupsPath,
+			Namespaces: []specs.LinuxNamespace{
+				{Type: specs.PIDNamespace},
+				netns,
+				{Type: specs.IPCNamespace},
+				{Type: specs.UTSNamespace},
+				{Type: specs.MountNamespace},
+			},
+			MaskedPaths: []string{
+				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
+				"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
+				"/proc/sched_debug", "/sys/firmware", "/proc/scsi",
+			},
+			ReadonlyPaths: []string{
+				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
+			},
+		},
+	}, nil
+}
+
+func hasPath(env []string) bool {
+	for _, e := range env {
+		if strings.HasPrefix(e, "PATH=") {
+			return true
+		}
+	}
+	return false
+}
+
+func defaultMounts() []specs.Mount {
+	return []specs.Mount{
+		{Destination: "/proc", Type: "proc", Source: "proc"},
+		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs",
+			Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		{Destination: "/dev/pts", Type: "devpts", Source: "devpts",
+			Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
+		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
+			Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue",
+			Options: []string{"nosuid", "noexec", "nodev"}},
+		{Destination: "/sys", Type: "sysfs", Source: "sysfs",
+			Options: []string{"nosuid", "noexec", "nodev", "ro"}},
+		{Destination: "/sys/fs/cgroup", Type: "cgroup", Source: "cgroup",
+			Options: []string{"nosuid", "noexec", "nodev", "relatime", "ro"}},
+	}
+}
+
+// WriteBundle creates the bundle directory dir (if needed) and writes
+// config.json for s into it. The root filesystem stays where s.Rootfs
+// points. An existing config.json is replaced atomically.
+func WriteBundle(dir string, s Spec) error {
+	cfg, err := s.Config()
+	if err != nil {
+		return fmt.Errorf("write bundle %s: %w", dir, err)
+	}
+	data, err := json.MarshalIndent(cfg, "", "\t")
+	if err != nil {
+		return fmt.Errorf("write bundle %s: %w", dir, err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("write bundle %s: %w", dir, err)
+	}
+	tmp, err := os.CreateTemp(dir, ".config.json.*")
+	if err != nil {
+		return fmt.Errorf("write bundle %s: %w", dir, err)
+	}
+	_, werr := tmp.Write(append(data, '\n'))
+	cerr := tmp.Close()
+	if err := errors.Join(werr, cerr); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write bundle %s: %w", dir, err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, "config.json")); err != nil {
+		os.Remove(tmp.Name())
+		return fmt.Errorf("write bundle %s: %w", dir, err)
+	}
+	return nil
+}

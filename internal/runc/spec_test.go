@@ -1,0 +1,136 @@
+package runc_test
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+
+	"github.com/edgehop/edgehop/internal/runc"
+)
+
+func TestWriteBundle(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "b")
+	extra := specs.Mount{Destination: "/data", Type: "tmpfs", Source: "tmpfs"}
+	s := runc.Spec{
+		Rootfs:         "/srv/rootfs",
+		Args:           []string{"redis-server", "--port", "6379"},
+		Env:            []string{"A=1"},
+		Hostname:       "probe1",
+		NetNSPath:      "/var/lib/edgehop/nodes/n0/netns/probe1",
+		ReadonlyRootfs: true,
+		Mounts:         []specs.Mount{extra},
+		MemoryLimit:    64 << 20,
+		CgroupsPath:    "/edgehop/tb/n0/probe1",
+	}
+	if err := runc.WriteBundle(dir, s); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got specs.Spec
+	if err := json.Unmarshal(data, &got); err != nil {
+		t.Fatal(err)
+	}
+	p := got.Process
+	if p == nil || p.Terminal || p.Cwd != "/" || !slices.Equal(p.Args, s.Args) || !p.NoNewPrivileges {
+		t.Errorf("process %+v", p)
+	}
+	if !slices.Equal(p.Env, []string{"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "A=1"}) {
+		t.Errorf("env %v, want a default PATH first", p.Env)
+	}
+	if !slices.Equal(p.Capabilities.Bounding, runc.DefaultCapabilities) {
+		t.Errorf("capabilities %v", p.Capabilities.Bounding)
+	}
+	if got.Root.Path != s.Rootfs || !got.Root.Readonly || got.Hostname != "probe1" {
+		t.Errorf("root %+v hostname %q", got.Root, got.Hostname)
+	}
+	var types []specs.LinuxNamespaceType
+	for _, ns := range got.Linux.Namespaces {
+		types = append(types, ns.Type)
+		if ns.Type == specs.NetworkNamespace && ns.Path != s.NetNSPath {
+			t.Errorf("network namespace path %q, want %q", ns.Path, s.NetNSPath)
+		}
+		if ns.Type != specs.NetworkNamespace && ns.Path != "" {
+			t.Errorf("namespace %s joins %q, want a new one", ns.Type, ns.Path)
+		}
+	}
+	for _, want := range []specs.LinuxNamespaceType{specs.PIDNamespace, specs.NetworkNamespace, specs.IPCNamespace, specs.UTSNamespace, specs.MountNamespace} {
+		if !slices.Contains(types, want) {
+			t.Errorf("namespaces %v lack %s", types, want)
+		}
+	}
+	if slices.Contains(types, specs.UserNamespace) {
+		t.Error("user namespace set")
+	}
+	var dests []string
+	for _, m := range got.Mounts {
+		dests = append(dests, m.Destination)
+	}
+	if !slices.Equal(dests, []string{"/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys", "/sys/fs/cgroup", "/data"}) {
+		t.Errorf("mounts %v", dests)
+	}
+	if got.Linux.Resources.Memory == nil || *got.Linux.Resources.Memory.Limit != 64<<20 {
+		t.Errorf("memory %+v", got.Linux.Resources.Memory)
+	}
+	if got.Linux.CgroupsPath != s.CgroupsPath || !slices.Contains(got.Linux.MaskedPaths, "/proc/kcore") {
+		t.Errorf("cgroups path %q masked %v", got.Linux.CgroupsPath, got.Linux.MaskedPaths)
+	}
+
+	// Rewriting replaces the file and leaves no temporary behind.
+	s.NetNSPath = "/other"
+	if err := runc.WriteBundle(dir, s); err != nil {
+		t.Fatal(err)
+	}
+	ents, _ := os.ReadDir(dir)
+	if len(ents) != 1 {
+		t.Errorf("bundle holds %d files, want config.json only", len(ents))
+	}
+	data, _ = os.ReadFile(filepath.Join(dir, "config.json"))
+	if !strings.Contains(string(data), `"/other"`) {
+		t.Error("rewritten config.json lacks the new namespace path")
+	}
+}
+
+func TestSpecValidate(t *testing.T) {
+	ok := runc.Spec{Rootfs: "/r", Args: []string{"sh"}}
+	tests := []struct {
+		name   string
+		change func(*runc.Spec)
+		want   string // substring of the error; "" for valid
+	}{
+		{"valid", func(*runc.Spec) {}, ""},
+		{"relative rootfs", func(s *runc.Spec) { s.Rootfs = "rootfs" }, "rootfs"},
+		{"no rootfs", func(s *runc.Spec) { s.Rootfs = "" }, "rootfs"},
+		{"no args", func(s *runc.Spec) { s.Args = nil }, "args"},
+		{"relative cwd", func(s *runc.Spec) { s.Cwd = "srv" }, "cwd"},
+		{"relative netns", func(s *runc.Spec) { s.NetNSPath = "netns/x" }, "netns"},
+		{"negative memory", func(s *runc.Spec) { s.MemoryLimit = -1 }, "memory"},
+		{"relative mount", func(s *runc.Spec) { s.Mounts = []specs.Mount{{Destination: "data"}} }, "mount"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s := ok
+			tt.change(&s)
+			err := s.Validate()
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want an error about %s", err, tt.want)
+			}
+			if err := runc.WriteBundle(t.TempDir(), s); err == nil {
+				t.Error("WriteBundle accepted an invalid spec")
+			}
+		})
+	}
+}

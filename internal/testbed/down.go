@@ -1,0 +1,129 @@
+package testbed
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+)
+
+// Down removes everything testbed name created: its agents, containers and
+// link daemon, every process inside its namespaces, its mounts, its
+// namespaces and its state directory. It works from what is on the machine,
+// not only from the recorded state, so it also cleans up after a crash. A
+// testbed that does not exist is not an error.
+func Down(ctx context.Context, root, name string, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	dir := Dir(root, name)
+	nsPaths, _ := filepath.Glob(linux.NetNSPath(nsName(name, "*")))
+	var errs []error
+
+	// 1. Agents first, so nothing restarts or re-announces containers.
+	pidFiles, _ := filepath.Glob(filepath.Join(dir, "*", "*.pid"))
+	more, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "*.pid"))
+	pidFiles = append(pidFiles, more...)
+	for _, pf := range pidFiles {
+		killPidFile(pf)
+	}
+	// 2. Containers through runc, which also removes their cgroups.
+	runcRoots, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "runc"))
+	for _, rr := range runcRoots {
+		errs = append(errs, deleteRuncContainers(ctx, rr))
+	}
+	// 3. Every process left in any testbed namespace, including container
+	// namespaces bound under the state dir.
+	ctrNS, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "netns", "*"))
+	all := append(append([]string{}, nsPaths...), ctrNS...)
+	errs = append(errs, killInNamespaces(ctx, all))
+	// 4. Mounts under the state dir (container rootfs, namespace binds).
+	mounts, err := linux.MountsUnder(dir)
+	errs = append(errs, err)
+	for _, m := range mounts {
+		errs = append(errs, linux.Unmount(m))
+	}
+	// 5. Namespaces, then the state directory.
+	for _, p := range nsPaths {
+		errs = append(errs, linux.DeleteNetNS(p))
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("testbed %s down: %w", name, err)
+	}
+	log.Info("testbed down", "name", name, "namespaces", len(nsPaths))
+	return nil
+}
+
+func killPidFile(pf string) {
+	b, err := os.ReadFile(pf)
+	if err != nil {
+		return
+	}
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err != nil || pid <= 1 {
+		return
+	}
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(2 * time.Second)
+	for time.Now().Before(deadline) && alive(pf) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if alive(pf) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+func deleteRuncContainers(ctx context.Context, runcRoot string) error {
+	out, err := exec.CommandContext(ctx, "runc", "--root", runcRoot, "list", "-q").Output()
+	if err != nil {
+		return nil // no runc state: nothing to delete
+	}
+	var errs []error
+	for _, id := range strings.Fields(string(out)) {
+		if b, err := exec.CommandContext(ctx, "runc", "--root", runcRoot, "delete", "-f", id).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("runc delete %s: %v: %s", id, err, strings.TrimSpace(string(b))))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func killInNamespaces(ctx context.Context, paths []string) error {
+	self := os.Getpid()
+	var inodes []uint64
+	for _, p := range paths {
+		if ino, err := linux.NetNSInode(p); err == nil {
+			inodes = append(inodes, ino)
+		}
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var left []int
+		for _, ino := range inodes {
+			pids, _ := linux.PIDsInNetNS(ino)
+			for _, p := range pids {
+				if p != self {
+					left = append(left, p)
+					_ = syscall.Kill(p, syscall.SIGKILL)
+				}
+			}
+		}
+		if len(left) == 0 {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("processes still alive in testbed namespaces: %v", left)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

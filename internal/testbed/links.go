@@ -1,0 +1,136 @@
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linkemu"
+	"github.com/edgehop/edgehop/internal/linux"
+)
+
+// queues returns the NFQUEUE numbers of a member's link: up carries packets
+// from the member into the core, down carries packets to it.
+func (st *State) queues(m Member, isClient bool) (up, down uint16) {
+	i := m.Index
+	if isClient {
+		i += len(st.Nodes)
+	}
+	return uint16(2 * i), uint16(2*i + 1)
+}
+
+func (st *State) linkdSocket() string { return filepath.Join(st.Dir, "core", "linkd.sock") }
+
+func linkParams(l Link) linkemu.Params {
+	return linkemu.Params{Delay: l.Delay, Jitter: l.Jitter, Loss: l.Loss}
+}
+
+// startLinks installs the NFQUEUE rules and tbf shaping of every link and
+// starts the delay daemon inside the core.
+func startLinks(ctx context.Context, st *State, o Options) error {
+	args := []string{"linkd", "--control", st.linkdSocket()}
+	type link struct {
+		m        Member
+		isClient bool
+	}
+	var links []link
+	for _, m := range st.Nodes {
+		links = append(links, link{m, false})
+	}
+	for _, m := range st.Clients {
+		links = append(links, link{m, true})
+	}
+	for _, l := range links {
+		up, down := st.queues(l.m, l.isClient)
+		if err := linkemu.InstallLink(st.Core.NetNSPath, l.m.Name, up, down); err != nil {
+			return fmt.Errorf("%s: %w", l.m.Name, err)
+		}
+		if err := shapeLink(st.Core.NetNSPath, l.m, l.m.Link.RateBps); err != nil {
+			return fmt.Errorf("%s: %w", l.m.Name, err)
+		}
+		for _, q := range []uint16{up, down} {
+			args = append(args, "--queue", fmt.Sprintf("%d:%d:%d:%s", q, l.m.Link.Delay.Microseconds(), l.m.Link.Jitter.Microseconds(),
+				strconv.FormatFloat(l.m.Link.Loss, 'f', -1, 64)))
+		}
+	}
+	st.LinkdSock = st.linkdSocket()
+	coreDir := filepath.Join(st.Dir, "core")
+	if err := spawn(st.Core.NetNSPath, filepath.Join(coreDir, "linkd.log"), filepath.Join(coreDir, "linkd.pid"), o.Binary, args...); err != nil {
+		return fmt.Errorf("start linkd: %w", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if _, err := linkemu.Status(ctx, st.LinkdSock); err == nil {
+			return nil
+		} else if time.Now().After(deadline) || !alive(filepath.Join(coreDir, "linkd.pid")) {
+			return fmt.Errorf("linkd not ready (see %s): %w", filepath.Join(coreDir, "linkd.log"), err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// shapeLink sets the rate of both directions of m's link.
+func shapeLink(coreNS string, m Member, rate uint64) error {
+	ch, err := linux.Handle(coreNS)
+	if err != nil {
+		return err
+	}
+	defer ch.Close()
+	if err := linkemu.Shape(ch, m.Name, rate); err != nil {
+		return fmt.Errorf("shape core side: %w", err)
+	}
+	fh, err := linux.Handle(m.NetNSPath)
+	if err != nil {
+		return err
+	}
+	defer fh.Close()
+	if err := linkemu.Shape(fh, FarIfName, rate); err != nil {
+		return fmt.Errorf("shape far side: %w", err)
+	}
+	return nil
+}
+
+// SetLink changes a member's link parameters while the testbed runs.
+func SetLink(ctx context.Context, root, name, member string, l Link) error {
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	st, err := Load(root, name)
+	if err != nil {
+		return err
+	}
+	isClient := false
+	idx := -1
+	for i, m := range st.Nodes {
+		if m.Name == member {
+			idx = i
+		}
+	}
+	if idx < 0 {
+		for i, m := range st.Clients {
+			if m.Name == member {
+				idx, isClient = i, true
+			}
+		}
+	}
+	if idx < 0 {
+		return fmt.Errorf("unknown node or client %q (see 'edgehop testbed status')", member)
+	}
+	m := st.Nodes
+	if isClient {
+		m = st.Clients
+	}
+	if err := shapeLink(st.Core.NetNSPath, m[idx], l.RateBps); err != nil {
+		return err
+	}
+	up, down := st.queues(m[idx], isClient)
+	for _, q := range []uint16{up, down} {
+		if err := linkemu.SetParams(ctx, st.LinkdSock, q, linkParams(l)); err != nil {
+			return fmt.Errorf("set delay: %w", err)
+		}
+	}
+	m[idx].Link = l
+	return st.save()
+}

@@ -1,0 +1,353 @@
+package testbed
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/agent"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/pki"
+)
+
+// Options configure where a testbed keeps its state and which binary runs
+// its agents.
+type Options struct {
+	Root      string // state root, e.g. /var/lib/edgehop
+	Binary    string // the edgehop binary started inside the namespaces
+	ImageRoot string // OCI image cache the agents import from
+	Log       *slog.Logger
+}
+
+// DefaultRoot is the default state root.
+const DefaultRoot = "/var/lib/edgehop"
+
+// Member is a node, a client or the core as recorded in State.
+type Member struct {
+	Name      string `json:"name"`
+	NetNS     string `json:"netns"` // namespace name (ip netns)
+	NetNSPath string `json:"netns_path"`
+	Address   string `json:"address"` // underlay address
+	Link      Link   `json:"link"`
+	Index     int    `json:"index"`
+	StateDir  string `json:"state_dir,omitempty"`
+	Socket    string `json:"socket,omitempty"` // agent's local API
+	API       string `json:"api,omitempty"`    // agent's peer API
+	Range     string `json:"range,omitempty"`  // overlay range (nodes)
+}
+
+// State is what Up recorded about a running testbed; Status returns it.
+type State struct {
+	Name      string    `json:"name"`
+	Dir       string    `json:"dir"`
+	Core      Member    `json:"core"`
+	Nodes     []Member  `json:"nodes"`
+	Clients   []Member  `json:"clients"`
+	Overlay   string    `json:"overlay"`
+	Gateway   string    `json:"gateway"`
+	LinkdSock string    `json:"linkd_socket"`
+	Created   time.Time `json:"created"`
+	Spec      Spec      `json:"spec"`
+}
+
+// Errors callers branch on.
+var (
+	ErrExists   = errors.New("testbed already up")
+	ErrNotFound = errors.New("testbed not found")
+)
+
+// Dir returns the state directory of testbed name under root.
+func Dir(root, name string) string { return filepath.Join(root, "testbeds", name) }
+
+func nsName(tb, member string) string { return "eh-" + tb + "-" + member }
+
+// Load reads the recorded state of testbed name.
+func Load(root, name string) (*State, error) {
+	b, err := os.ReadFile(filepath.Join(Dir(root, name), "testbed.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("%w: %q (start it with 'edgehop testbed up')", ErrNotFound, name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	var st State
+	if err := json.Unmarshal(b, &st); err != nil {
+		return nil, fmt.Errorf("parse testbed state: %w", err)
+	}
+	return &st, nil
+}
+
+func (st *State) save() error {
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err != nil {
+		return err
+	}
+	tmp := filepath.Join(st.Dir, "testbed.json.tmp")
+	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, filepath.Join(st.Dir, "testbed.json"))
+}
+
+// Node returns the node member called name.
+func (st *State) Node(name string) (Member, bool) {
+	for _, m := range st.Nodes {
+		if m.Name == name {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+// Member returns the node, client or core called name.
+func (st *State) Member(name string) (Member, bool) {
+	if name == "core" {
+		return st.Core, true
+	}
+	for _, m := range append(append([]Member{}, st.Nodes...), st.Clients...) {
+		if m.Name == name {
+			return m, true
+		}
+	}
+	return Member{}, false
+}
+
+// Up creates the testbed described by spec. On any failure it tears down
+// what it created and returns the error.
+func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
+	if err := spec.Validate(); err != nil {
+		return nil, err
+	}
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	dir := Dir(o.Root, spec.Name)
+	if _, err := os.Stat(filepath.Join(dir, "testbed.json")); err == nil {
+		return nil, fmt.Errorf("%w: %q (run 'edgehop testbed down --name %s' first)", ErrExists, spec.Name, spec.Name)
+	}
+	if matches, _ := filepath.Glob(linux.NetNSPath(nsName(spec.Name, "*"))); len(matches) > 0 {
+		return nil, fmt.Errorf("%w: leftover namespaces %v (run 'edgehop testbed down --name %s')", ErrExists, matches, spec.Name)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create testbed dir: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			if derr := Down(context.WithoutCancel(ctx), o.Root, spec.Name, log); derr != nil {
+				err = errors.Join(err, fmt.Errorf("cleanup after failed up: %w", derr))
+			}
+		}
+	}()
+
+	st = &State{Name: spec.Name, Dir: dir, Spec: spec, Overlay: OverlayPrefix.String(), Gateway: OverlayGW.String(), Created: time.Now().UTC()}
+	st.Core = Member{Name: "core", NetNS: nsName(spec.Name, "core"), NetNSPath: linux.NetNSPath(nsName(spec.Name, "core")), Address: CoreVTEP.String(), StateDir: filepath.Join(dir, "core")}
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(st.Core.StateDir, 0o755); err != nil {
+		return nil, err
+	}
+	if err := linux.NewNetNS(st.Core.NetNSPath); err != nil {
+		return nil, err
+	}
+	if err := setupCore(st.Core.NetNSPath); err != nil {
+		return nil, fmt.Errorf("core: %w", err)
+	}
+	for i, e := range spec.Nodes {
+		m := Member{Name: e.Name, Index: i, NetNS: nsName(spec.Name, e.Name), Address: NodeAddr(i).String(), Link: e.Link,
+			StateDir: filepath.Join(dir, "nodes", e.Name), Range: NodeRange(i).String()}
+		m.NetNSPath = linux.NetNSPath(m.NetNS)
+		m.Socket = filepath.Join(m.StateDir, "agent.sock")
+		m.API = net.JoinHostPort(m.Address, strconv.Itoa(AgentPort))
+		if err := linux.NewNetNS(m.NetNSPath); err != nil {
+			return nil, err
+		}
+		if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, NodeCoreAddr(i), NodeAddr(i)); err != nil {
+			return nil, fmt.Errorf("link %s: %w", e.Name, err)
+		}
+		st.Nodes = append(st.Nodes, m)
+	}
+	for i, e := range spec.Clients {
+		m := Member{Name: e.Name, Index: i, NetNS: nsName(spec.Name, e.Name), Address: ClientAddr(i).String(), Link: e.Link}
+		m.NetNSPath = linux.NetNSPath(m.NetNS)
+		if err := linux.NewNetNS(m.NetNSPath); err != nil {
+			return nil, err
+		}
+		if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, ClientCoreAddr(i), ClientAddr(i)); err != nil {
+			return nil, fmt.Errorf("link %s: %w", e.Name, err)
+		}
+		st.Clients = append(st.Clients, m)
+	}
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	if err := startLinks(ctx, st, o); err != nil {
+		return nil, fmt.Errorf("link emulation: %w", err)
+	}
+	if err := startAgents(ctx, st, o); err != nil {
+		return nil, err
+	}
+	log.Info("testbed up", "name", st.Name, "nodes", len(st.Nodes), "clients", len(st.Clients))
+	return st, st.save()
+}
+
+// agentConfigs derives every agent's configuration from the state.
+func agentConfigs(st *State, o Options) []agent.Config {
+	var peers []agent.Peer
+	peers = append(peers, agent.Peer{Name: "core", API: net.JoinHostPort(CoreVTEP.String(), strconv.Itoa(AgentPort)), VTEP: CoreVTEP})
+	for _, n := range st.Nodes {
+		peers = append(peers, agent.Peer{Name: n.Name, API: n.API, VTEP: NodeAddr(n.Index),
+			Migrate: net.JoinHostPort(n.Address, strconv.Itoa(MigratePort))})
+	}
+	others := func(self string) []agent.Peer {
+		var out []agent.Peer
+		for _, p := range peers {
+			if p.Name != self {
+				out = append(out, p)
+			}
+		}
+		return out
+	}
+	cfgs := []agent.Config{{
+		Node: "core", Role: agent.RoleGateway, StateDir: st.Core.StateDir, Socket: filepath.Join(st.Core.StateDir, "agent.sock"),
+		Listen: peers[0].API, VTEP: CoreVTEP, VNI: agent.DefaultVNI, Overlay: OverlayPrefix, Gateway: OverlayGW,
+		Peers: others("core"), ImageRoot: o.ImageRoot, TLSDir: filepath.Join(st.Core.StateDir, "tls"),
+	}}
+	for _, n := range st.Nodes {
+		cfgs = append(cfgs, agent.Config{
+			Node: n.Name, Role: agent.RoleNode, StateDir: n.StateDir, Socket: n.Socket, Listen: n.API,
+			VTEP: NodeAddr(n.Index), VNI: agent.DefaultVNI, Overlay: OverlayPrefix, Gateway: OverlayGW, Range: NodeRange(n.Index),
+			Migrate: net.JoinHostPort(n.Address, strconv.Itoa(MigratePort)),
+			Peers:   others(n.Name), ImageRoot: o.ImageRoot, TLSDir: filepath.Join(n.StateDir, "tls"),
+		})
+	}
+	return cfgs
+}
+
+func startAgents(ctx context.Context, st *State, o Options) error {
+	cfgs := agentConfigs(st, o)
+	nsOf := map[string]string{"core": st.Core.NetNSPath}
+	for _, n := range st.Nodes {
+		nsOf[n.Name] = n.NetNSPath
+	}
+	st.Core.Socket = cfgs[0].Socket
+	st.Core.API = cfgs[0].Listen
+	// A per-testbed CA; each agent gets a certificate for its node name
+	// and underlay address, for the mutually authenticated migration
+	// stream. The CA key stays in the testbed's own directory.
+	ca, err := pki.NewCA(filepath.Join(st.Dir, "ca"))
+	if err != nil {
+		return fmt.Errorf("testbed CA: %w", err)
+	}
+	for _, c := range cfgs {
+		if err := ca.Issue(c.TLSDir, c.Node, []net.IP{c.VTEP.AsSlice()}); err != nil {
+			return fmt.Errorf("certificate for %s: %w", c.Node, err)
+		}
+	}
+	for _, c := range cfgs {
+		if err := os.MkdirAll(c.StateDir, 0o755); err != nil {
+			return err
+		}
+		b, _ := json.MarshalIndent(c, "", "  ")
+		cfgPath := filepath.Join(c.StateDir, "agent.json")
+		if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+			return err
+		}
+		if err := spawn(nsOf[c.Node], filepath.Join(c.StateDir, "agent.log"), filepath.Join(c.StateDir, "agent.pid"),
+			o.Binary, "agent", "--config", cfgPath); err != nil {
+			return fmt.Errorf("start agent %s: %w", c.Node, err)
+		}
+	}
+	for _, c := range cfgs {
+		if err := waitAgent(ctx, c.Socket, filepath.Join(c.StateDir, "agent.log"), filepath.Join(c.StateDir, "agent.pid")); err != nil {
+			return fmt.Errorf("agent %s: %w", c.Node, err)
+		}
+	}
+	return nil
+}
+
+// spawn starts binary in the namespace nsPath, detached in its own session,
+// with output to logPath, and records its pid in pidPath.
+func spawn(nsPath, logPath, pidPath, binary string, args ...string) error {
+	lf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	defer lf.Close()
+	cmd := linux.Command(nsPath, binary, args...)
+	cmd.Stdout, cmd.Stderr = lf, lf
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return err
+	}
+	go cmd.Wait() // reap it if it exits while we live; it outlives a CLI parent
+	return os.WriteFile(pidPath, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
+}
+
+func waitAgent(ctx context.Context, sock, logPath, pidPath string) error {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+	}}, Timeout: time.Second}
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := hc.Get("http://agent/v1/info")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		if !alive(pidPath) || time.Now().After(deadline) {
+			tail, _ := os.ReadFile(logPath)
+			lines := strings.Split(strings.TrimSpace(string(tail)), "\n")
+			if len(lines) > 5 {
+				lines = lines[len(lines)-5:]
+			}
+			return fmt.Errorf("not ready (log %s: %s)", logPath, strings.Join(lines, " | "))
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+func alive(pidPath string) bool {
+	b, err := os.ReadFile(pidPath)
+	if err != nil {
+		return false
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		return false
+	}
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// A zombie (state Z) is not alive.
+	f := strings.Fields(string(st))
+	return len(f) > 2 && f[2] != "Z"
+}
+
+// Exec returns a command running name inside member's namespace.
+func (st *State) Exec(member string, name string, args ...string) (*exec.Cmd, error) {
+	m, ok := st.Member(member)
+	if !ok {
+		return nil, fmt.Errorf("unknown testbed member %q (see 'edgehop testbed status')", member)
+	}
+	return linux.Command(m.NetNSPath, name, args...), nil
+}

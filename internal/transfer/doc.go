@@ -1,0 +1,25 @@
+// Package transfer moves migration state between two edgehop agents over
+// one connection: small typed JSON control messages for the migration RPC,
+// and bulk streams (a directory tree such as CRIU's checkpoint images, or a
+// single object of unknown size produced while it is read, such as memory
+// pages).
+//
+// The protocol is built for the frozen window of a live migration: the
+// sender never waits for the receiver (no per-chunk acknowledgements), reads
+// the next chunk while the previous one is on the wire, and writes large
+// frames. Every frame carries a CRC-32C; every stream ends with a summary
+// (counts, bytes, an xxhash64 digest of the content) that the receiver
+// checks. A directory is received into a temporary sibling and renamed into
+// place only once the summary matches, so a failed transfer leaves nothing
+// behind. Chunks may be zstd-compressed, always or when a probe shows that
+// compression raises throughput over the declared link rate.
+//
+// Every blocking call takes a context; when it ends, the connection is
+// closed so the call returns at once, which is how a migration aborts when
+// its peer dies. Dial and Listener add mutually authenticated TLS (package
+// pki) and report the peer's node name.
+//
+// This package does not know what a migration is: the lead's migration code
+// defines the message types and the order of streams. It does not retry or
+// resume a broken transfer, and it makes no syscalls of its own.
+package transfer

@@ -1,0 +1,267 @@
+package transfer
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/pki"
+)
+
+// ProtocolVersion is sent by the accepting side right after the handshake;
+// the dialling side refuses a peer that speaks another version.
+const ProtocolVersion = 1
+
+const helloType = "transfer.hello"
+
+type hello struct {
+	Version int    `json:"version"`
+	Node    string `json:"node,omitempty"`
+}
+
+// Defaults for NetConfig.
+const (
+	// DefaultBufferBytes is the socket buffer aimed for: twice the
+	// bandwidth-delay product of 1 Gbit/s at 300 ms RTT (37.5 MB), since
+	// the kernel counts its own overhead in the buffer and advertises
+	// about half of it as window.
+	DefaultBufferBytes      = 75_000_000
+	DefaultHandshakeTimeout = 10 * time.Second
+)
+
+// NetConfig holds the transport settings of Dial and Listen. The zero
+// value uses the defaults.
+type NetConfig struct {
+	// BufferBytes is the socket send and receive buffer aimed for.
+	// Autotuning is kept when the kernel's net.ipv4.tcp_[rw]mem maximum
+	// reaches it, otherwise the buffer is set explicitly when
+	// net.core.[rw]mem_max allows, otherwise Conn.SocketNote says which
+	// sysctl limits it.
+	BufferBytes int
+	// HandshakeTimeout bounds TLS handshakes (within the ctx).
+	HandshakeTimeout time.Duration
+}
+
+func (nc NetConfig) withDefaults() NetConfig {
+	if nc.BufferBytes == 0 {
+		nc.BufferBytes = DefaultBufferBytes
+	}
+	if nc.HandshakeTimeout == 0 {
+		nc.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	return nc
+}
+
+// keepAlive notices a silent dead peer on an idle connection within about
+// 11 s; a busy one is bounded by the callers' ctx.
+var keepAlive = net.KeepAliveConfig{Enable: true, Idle: 5 * time.Second, Interval: 2 * time.Second, Count: 3}
+
+// Dial connects to the agent at addr with NetConfig's defaults.
+func Dial(ctx context.Context, addr string, cfg *tls.Config) (*Conn, error) {
+	return NetConfig{}.Dial(ctx, addr, cfg)
+}
+
+// Dial connects to the agent at addr, authenticates both sides with cfg
+// (from pki.ClientConfig, which names the node expected there) and waits
+// for the agent's greeting, so that a client certificate the agent refused
+// fails here rather than at the first read. Conn.Peer is the agent's
+// verified node name.
+func (nc NetConfig) Dial(ctx context.Context, addr string, cfg *tls.Config) (*Conn, error) {
+	nc = nc.withDefaults()
+	cfg, err := prepareTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d := net.Dialer{KeepAliveConfig: keepAlive}
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("connect to agent at %s: %w", addr, context.Cause(ctx))
+		}
+		return nil, fmt.Errorf("connect to agent at %s: %w (check that the edgehop agent is running there and listening on that address)", addr, err)
+	}
+	note := tuneBuffers(raw.(*net.TCPConn), nc.BufferBytes)
+
+	hctx, cancel := context.WithTimeout(ctx, nc.HandshakeTimeout)
+	defer cancel()
+	tc := tls.Client(raw, cfg)
+	c, err := handshake(hctx, tc, false)
+	if err != nil {
+		_ = raw.Close()
+		return nil, fmt.Errorf("agent at %s: %w", addr, err)
+	}
+	c.note = note
+	return c, nil
+}
+
+// handshake completes the TLS handshake, learns the peer's node name and
+// exchanges the greeting: the accepting side sends it, the dialling side
+// reads it.
+func handshake(ctx context.Context, tc *tls.Conn, accepting bool) (*Conn, error) {
+	if err := tc.HandshakeContext(ctx); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHandshake, err)
+	}
+	peer, err := pki.PeerName(tc.ConnectionState())
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrHandshake, err)
+	}
+	c := NewConn(tc)
+	c.peer = peer
+	if accepting {
+		if err := c.WriteMsg(ctx, helloType, hello{Version: ProtocolVersion}); err != nil {
+			return nil, fmt.Errorf("%w: greet %s: %w", ErrHandshake, peer, err)
+		}
+		return c, nil
+	}
+	typ, body, err := c.ReadMsg(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: greeting from %s: %w", ErrHandshake, peer, err)
+	}
+	var h hello
+	if typ != helloType || json.Unmarshal(body, &h) != nil {
+		return nil, fmt.Errorf("%w: %s sent %q instead of a greeting", ErrHandshake, peer, typ)
+	}
+	if h.Version != ProtocolVersion {
+		return nil, fmt.Errorf("%w: %s speaks transfer protocol %d, this agent %d", ErrHandshake, peer, h.Version, ProtocolVersion)
+	}
+	return c, nil
+}
+
+// prepareTLS copies cfg with the settings this protocol relies on: TLS 1.3
+// and full-size records from the first byte (bulk transfer, not web pages).
+func prepareTLS(cfg *tls.Config) (*tls.Config, error) {
+	if cfg == nil || len(cfg.Certificates) == 0 {
+		return nil, errors.New("transfer: TLS config with a node certificate required (see package pki)")
+	}
+	cfg = cfg.Clone()
+	cfg.MinVersion = tls.VersionTLS13
+	cfg.DynamicRecordSizingDisabled = true
+	return cfg, nil
+}
+
+// Listener accepts authenticated agent connections. It is safe for
+// concurrent use; Accept calls are served one at a time.
+type Listener struct {
+	ln  *net.TCPListener
+	cfg *tls.Config
+	nc  NetConfig
+
+	mu sync.Mutex // serialises Accept, which moves the listener's deadline
+}
+
+// Listen listens on addr with NetConfig's defaults.
+func Listen(ctx context.Context, addr string, cfg *tls.Config) (*Listener, error) {
+	return NetConfig{}.Listen(ctx, addr, cfg)
+}
+
+// Listen listens for agents on addr (host:port; port 0 picks one) and
+// authenticates them with cfg (from pki.ServerConfig).
+func (nc NetConfig) Listen(ctx context.Context, addr string, cfg *tls.Config) (*Listener, error) {
+	cfg, err := prepareTLS(cfg)
+	if err != nil {
+		return nil, err
+	}
+	lc := net.ListenConfig{KeepAliveConfig: keepAlive}
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", addr, err)
+	}
+	return &Listener{ln: ln.(*net.TCPListener), cfg: cfg, nc: nc.withDefaults()}, nil
+}
+
+// Addr is the address the listener is bound to.
+func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
+
+// Close stops listening; a blocked Accept returns an error.
+func (l *Listener) Close() error { return l.ln.Close() }
+
+// Accept waits for the next agent and authenticates it; Conn.Peer is its
+// verified node name, which the caller checks against its plan. A client
+// that fails the handshake gives an error wrapping ErrHandshake and the
+// listener stays usable; loop on it.
+func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = l.ln.SetDeadline(time.Unix(1, 0))
+		close(fired)
+	})
+	raw, err := l.ln.AcceptTCP()
+	if !stop() {
+		<-fired
+		_ = l.ln.SetDeadline(time.Time{})
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			if raw != nil {
+				_ = raw.Close()
+			}
+			return nil, fmt.Errorf("accept: %w", context.Cause(ctx))
+		}
+		return nil, fmt.Errorf("accept on %s: %w", l.ln.Addr(), err)
+	}
+	note := tuneBuffers(raw, l.nc.BufferBytes)
+	hctx, cancel := context.WithTimeout(ctx, l.nc.HandshakeTimeout)
+	defer cancel()
+	c, err := handshake(hctx, tls.Server(raw, l.cfg), true)
+	if err != nil {
+		_ = raw.Close()
+		return nil, fmt.Errorf("accept from %s: %w", raw.RemoteAddr(), err)
+	}
+	c.note = note
+	return c, nil
+}
+
+// tuneBuffers sizes tc's socket buffers for want bytes and returns a note
+// when the kernel's limits keep them smaller. Autotuning is preferred: an
+// explicit size disables it.
+func tuneBuffers(tc *net.TCPConn, want int) string {
+	var notes []string
+	for _, b := range []struct {
+		name, coreKey, tcpKey string
+		set                   func(int) error
+	}{
+		{"receive", "net.core.rmem_max", "net.ipv4.tcp_rmem", tc.SetReadBuffer},
+		{"send", "net.core.wmem_max", "net.ipv4.tcp_wmem", tc.SetWriteBuffer},
+	} {
+		tcpMax, err1 := sysctlField(b.tcpKey, 2)
+		coreMax, err2 := sysctlField(b.coreKey, 0)
+		switch {
+		case err1 != nil || err2 != nil:
+			notes = append(notes, fmt.Sprintf("%s buffer left to the kernel: %v", b.name, errors.Join(err1, err2)))
+		case tcpMax >= want:
+			// autotuning grows the buffer as far as needed
+		case coreMax >= want:
+			if err := b.set(want); err != nil {
+				notes = append(notes, fmt.Sprintf("set %s buffer: %v", b.name, err))
+			}
+		default:
+			notes = append(notes, fmt.Sprintf("%s buffer limited to %d bytes by %s (max) and %s=%d, want %d for 1 Gbit/s at 300 ms RTT",
+				b.name, max(tcpMax, coreMax), b.tcpKey, b.coreKey, coreMax, want))
+		}
+	}
+	return strings.Join(notes, "; ")
+}
+
+// sysctlField reads field i (space separated) of the sysctl key as seen
+// from this process's network namespace.
+func sysctlField(key string, i int) (int, error) {
+	b, err := os.ReadFile("/proc/sys/" + strings.ReplaceAll(key, ".", "/"))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b))
+	if i >= len(f) {
+		return 0, fmt.Errorf("%s: no field %d in %q", key, i, b)
+	}
+	return strconv.Atoi(f[i])
+}

@@ -1,0 +1,471 @@
+package transfer
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/klauspost/compress/zstd"
+)
+
+// SendDir sends the directory tree at srcDir (regular files, directories
+// and symlinks, with their permission bits; hard links arrive as separate
+// files) as one stream, for RecvDir on the other side. Files are read ahead
+// of the network by a pipeline of opts.Depth chunks. A file that cannot be
+// read aborts the stream: the receiver gets ErrAborted, and the connection
+// stays usable.
+func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (Stats, error) {
+	root, err := filepath.EvalSymlinks(srcDir)
+	if err != nil {
+		return Stats{}, fmt.Errorf("send dir %s: %w", srcDir, err)
+	}
+	fi, err := os.Stat(root)
+	if err != nil {
+		return Stats{}, fmt.Errorf("send dir %s: %w", srcDir, err)
+	}
+	if !fi.IsDir() {
+		return Stats{}, fmt.Errorf("send dir %s: not a directory", srcDir)
+	}
+	st, err := c.sendStream(ctx, streamHeader{Kind: streamDir}, opts, func(p *producer) error {
+		return p.walk(root)
+	})
+	if err != nil {
+		return st, fmt.Errorf("send dir %s: %w", srcDir, err)
+	}
+	return st, nil
+}
+
+// SendStream sends everything r yields until io.EOF as one object, for
+// RecvStream or RecvFile on the other side. The size need not be known: r
+// may produce data while it is being sent. Data goes in chunks of
+// opts.ChunkSize, or sooner when r returns a short read after at least
+// 64 KiB, so a slow producer's data is not held back for long.
+//
+// SendStream reads r from its own goroutine and returns only after that
+// read returns, so r must not block indefinitely once ctx is done.
+func (c *Conn) SendStream(ctx context.Context, r io.Reader, opts SendOptions) (Stats, error) {
+	st, err := c.sendStream(ctx, streamHeader{Kind: streamObject}, opts, func(p *producer) error {
+		return p.copyFrom(r)
+	})
+	if err != nil {
+		return st, fmt.Errorf("send stream %s: %w", opts.Name, err)
+	}
+	return st, nil
+}
+
+// SendFile sends the regular file at path as one object with its
+// permission bits, for RecvFile (or RecvStream) on the other side.
+func (c *Conn) SendFile(ctx context.Context, path string, opts SendOptions) (Stats, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Stats{}, fmt.Errorf("send file: %w", err)
+	}
+	defer f.Close()
+	fi, err := f.Stat()
+	if err != nil {
+		return Stats{}, fmt.Errorf("send file: %w", err)
+	}
+	if !fi.Mode().IsRegular() {
+		return Stats{}, fmt.Errorf("send file %s: not a regular file", path)
+	}
+	hdr := streamHeader{Kind: streamObject, Mode: uint32(fi.Mode() & modeMask)}
+	st, err := c.sendStream(ctx, hdr, opts, func(p *producer) error {
+		return p.copyFrom(f)
+	})
+	if err != nil {
+		return st, fmt.Errorf("send file %s: %w", path, err)
+	}
+	return st, nil
+}
+
+// sendStream writes a stream: its header, the frames produce makes on a
+// producer goroutine, and the summary (or an abort when produce failed).
+// The calling goroutine does the network writes, so reading, hashing and
+// compressing overlap with sending.
+func (c *Conn) sendStream(ctx context.Context, hdr streamHeader, opts SendOptions, produce func(*producer) error) (st Stats, err error) {
+	opts, err = opts.withDefaults()
+	if err != nil {
+		return Stats{}, err
+	}
+	hdr.Name = opts.Name
+	hdr.Compression = opts.Compression.String()
+	hp, err := json.Marshal(hdr)
+	if err != nil {
+		return Stats{}, err
+	}
+
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.werr != nil {
+		return Stats{}, c.werr
+	}
+	var enc *zstd.Encoder
+	if opts.Compression != CompressOff {
+		if enc, err = c.encoderLocked(); err != nil {
+			return Stats{}, err
+		}
+	}
+	stop := c.watch(ctx)
+	defer stop()
+
+	start := time.Now()
+	st = Stats{Name: opts.Name, Compression: opts.Compression}
+	defer func() { st.Duration = time.Since(start) }()
+	n, err := c.writeControlLocked(kindBegin, hp)
+	if err != nil {
+		return st, c.failWriteLocked(ctx, err)
+	}
+	st.WireBytes += int64(n)
+
+	pctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	items := make(chan item, opts.Depth)
+	p := newProducer(pctx, items, opts, enc)
+	var perr error
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer close(items)
+		perr = produce(p)
+	})
+
+	// Write frames as they come; flush only when the producer has nothing
+	// ready, so small frames coalesce and large ones go straight through.
+	var werr error
+	for {
+		var it item
+		var ok bool
+		select {
+		case it, ok = <-items:
+		default:
+			if werr == nil && c.bw.Buffered() > 0 {
+				if err := c.bw.Flush(); err != nil {
+					werr = err
+					cancel()
+				}
+			}
+			it, ok = <-items
+		}
+		if !ok {
+			break
+		}
+		if werr == nil {
+			if _, err := c.bw.Write(it.frame); err != nil {
+				werr = err
+				cancel() // stop the producer; keep draining so it can exit
+			} else {
+				st.WireBytes += int64(len(it.frame))
+			}
+		}
+		p.recycle(it.buf)
+	}
+	wg.Wait()
+	p.fill(&st)
+
+	switch {
+	case werr != nil:
+		return st, c.failWriteLocked(ctx, werr)
+	case perr != nil && ctx.Err() != nil:
+		return st, c.failWriteLocked(ctx, perr)
+	case perr != nil:
+		// The frames so far are whole: end the stream with an abort so the
+		// receiver discards it and the connection stays in step.
+		ap, _ := json.Marshal(abortMsg{Error: perr.Error()})
+		n, err := c.writeControlLocked(kindAbort, ap)
+		if err == nil {
+			err = c.bw.Flush()
+		}
+		if err != nil {
+			return st, errors.Join(perr, c.failWriteLocked(ctx, err))
+		}
+		st.WireBytes += int64(n)
+		return st, perr
+	}
+
+	sp, err := json.Marshal(summaryOf(st))
+	if err != nil {
+		return st, err
+	}
+	n, err = c.writeControlLocked(kindEnd, sp)
+	if err == nil {
+		err = c.bw.Flush()
+	}
+	if err != nil {
+		return st, c.failWriteLocked(ctx, err)
+	}
+	st.WireBytes += int64(n)
+	return st, nil
+}
+
+// encoderLocked returns the connection's zstd encoder, made on first use.
+// EncodeAll is safe for concurrent use. The caller holds wmu.
+func (c *Conn) encoderLocked() (*zstd.Encoder, error) {
+	if c.enc == nil {
+		enc, err := zstd.NewWriter(nil,
+			zstd.WithEncoderLevel(zstd.SpeedFastest),
+			zstd.WithEncoderConcurrency(1),
+			zstd.WithEncoderCRC(false), // frames carry their own CRC
+		)
+		if err != nil {
+			return nil, fmt.Errorf("zstd encoder: %w", err)
+		}
+		c.enc = enc
+	}
+	return c.enc, nil
+}
+
+// item is one frame ready to write. buf, when set, goes back to the pool
+// once the frame is written.
+type item struct {
+	frame []byte
+	buf   *chunkBuf
+}
+
+// chunkBuf holds one chunk with room for a frame header in front, and a
+// second buffer for its compressed form.
+type chunkBuf struct {
+	raw  []byte
+	comp []byte
+}
+
+// producer reads content, hashes it, compresses it and frames it, on its
+// own goroutine. Its fields are owned by that goroutine until sendStream's
+// wg.Wait, except pool, which both sides use.
+type producer struct {
+	ctx    context.Context
+	out    chan<- item
+	pool   chan *chunkBuf
+	nbufs  int // buffers allocated so far, at most cap(pool)
+	chunk  int
+	mode   Compression
+	enc    *zstd.Encoder
+	auto   autoState
+	digest contentDigest
+	st     Stats // counts and compression fields only
+}
+
+func newProducer(ctx context.Context, out chan<- item, opts SendOptions, enc *zstd.Encoder) *producer {
+	return &producer{
+		ctx: ctx,
+		out: out,
+		// Depth chunks queued, one being written, one being filled.
+		pool:   make(chan *chunkBuf, opts.Depth+2),
+		chunk:  opts.ChunkSize,
+		mode:   opts.Compression,
+		enc:    enc,
+		auto:   autoState{link: float64(opts.LinkBitsPerSecond) / 8},
+		digest: newContentDigest(),
+	}
+}
+
+// fill copies the producer's accounting into st. Call after it finished.
+func (p *producer) fill(st *Stats) {
+	st.Files, st.Dirs, st.Symlinks = p.st.Files, p.st.Dirs, p.st.Symlinks
+	st.PayloadBytes = p.st.PayloadBytes
+	st.Chunks, st.CompressedChunks, st.ZeroChunks = p.st.Chunks, p.st.CompressedChunks, p.st.ZeroChunks
+	st.Compressed = p.st.CompressedChunks > 0
+	if p.mode == CompressAuto {
+		st.AutoNote = p.auto.String()
+	}
+	st.Digest = p.digest.sum()
+}
+
+func (p *producer) recycle(b *chunkBuf) {
+	if b != nil {
+		p.pool <- b // never blocks: at most cap(pool) buffers exist
+	}
+}
+
+func (p *producer) getBuf() (*chunkBuf, error) {
+	select {
+	case b := <-p.pool:
+		return b, nil
+	default:
+	}
+	if p.nbufs < cap(p.pool) {
+		p.nbufs++
+		return &chunkBuf{raw: make([]byte, headerLen+p.chunk)}, nil
+	}
+	select {
+	case b := <-p.pool:
+		return b, nil
+	case <-p.ctx.Done():
+		return nil, p.ctx.Err()
+	}
+}
+
+func (p *producer) send(it item) error {
+	select {
+	case p.out <- it:
+		return nil
+	case <-p.ctx.Done():
+		p.recycle(it.buf)
+		return p.ctx.Err()
+	}
+}
+
+func (p *producer) sendControl(k kind, payload []byte) error {
+	frame := make([]byte, headerLen+len(payload))
+	copy(frame[headerLen:], payload)
+	putHeader(frame, k, 0, payload, len(payload))
+	return p.send(item{frame: frame})
+}
+
+func (p *producer) sendEntry(e entry) error {
+	payload, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	p.digest.entry(payload)
+	return p.sendControl(kindEntry, payload)
+}
+
+// walk sends the tree under root in lexical order, parents first.
+func (p *producer) walk(root string) error {
+	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if err := p.ctx.Err(); err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(root, path)
+		if err != nil {
+			return err
+		}
+		rel = filepath.ToSlash(rel)
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		e := entry{Path: rel, Mode: uint32(info.Mode() & modeMask)}
+		switch {
+		case d.IsDir():
+			e.Type = entryDir
+			p.st.Dirs++
+			return p.sendEntry(e)
+		case d.Type()&fs.ModeSymlink != 0:
+			e.Type = entrySymlink
+			e.Mode = 0
+			if e.Target, err = os.Readlink(path); err != nil {
+				return err
+			}
+			p.st.Symlinks++
+			return p.sendEntry(e)
+		case d.Type().IsRegular():
+			e.Type = entryFile
+			f, err := os.Open(path)
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			p.st.Files++
+			if err := p.sendEntry(e); err != nil {
+				return err
+			}
+			if err := p.copyFrom(f); err != nil {
+				return fmt.Errorf("read %s: %w", path, err)
+			}
+			return nil
+		default:
+			return fmt.Errorf("%s: unsupported file type %v", path, d.Type())
+		}
+	})
+}
+
+// minFlush is how much a short read must have gathered before its chunk
+// is sent without waiting for a full one.
+const minFlush = 64 << 10
+
+// copyFrom sends r's content as data frames until io.EOF.
+func (p *producer) copyFrom(r io.Reader) error {
+	for {
+		b, err := p.getBuf()
+		if err != nil {
+			return err
+		}
+		n, rerr := fillChunk(r, b.raw[headerLen:headerLen+p.chunk])
+		if n > 0 {
+			if err := p.sendChunk(b, n); err != nil {
+				return err
+			}
+		} else {
+			p.recycle(b)
+		}
+		if rerr == io.EOF {
+			return nil
+		}
+		if rerr != nil {
+			return rerr
+		}
+	}
+}
+
+// fillChunk reads into b until it is full, r fails or ends, or a short read
+// has gathered at least minFlush bytes (data from a pipe goes out without
+// waiting for a full chunk; a regular file reads full chunks).
+func fillChunk(r io.Reader, b []byte) (int, error) {
+	n := 0
+	for n < len(b) {
+		want := len(b) - n
+		m, err := r.Read(b[n:])
+		n += m
+		if err != nil {
+			return n, err
+		}
+		if m < want && n >= minFlush {
+			break
+		}
+	}
+	return n, nil
+}
+
+// sendChunk frames the n bytes at b.raw[headerLen:] and queues them.
+func (p *producer) sendChunk(b *chunkBuf, n int) error {
+	data := b.raw[headerLen : headerLen+n]
+	p.st.Chunks++
+	p.st.PayloadBytes += int64(n)
+	if isZero(data) {
+		p.st.ZeroChunks++
+		p.digest.zeros(n)
+		putHeader(b.raw, kindData, flagZero, nil, n)
+		return p.send(item{frame: b.raw[:headerLen], buf: b})
+	}
+	p.digest.data(data)
+	if payload, ok := p.compress(data, b); ok {
+		p.st.CompressedChunks++
+		frame := b.comp[:headerLen+len(payload)]
+		putHeader(frame, kindData, flagZstd, payload, n)
+		return p.send(item{frame: frame, buf: b})
+	}
+	frame := b.raw[:headerLen+n]
+	putHeader(frame, kindData, 0, data, n)
+	return p.send(item{frame: frame, buf: b})
+}
+
+// compress returns data's zstd form (in b.comp after a header's room) and
+// true when the mode calls for compressing this chunk and the result is
+// smaller.
+func (p *producer) compress(data []byte, b *chunkBuf) ([]byte, bool) {
+	if p.mode == CompressOff || (p.mode == CompressAuto && !p.auto.wantProbe(len(data))) {
+		return nil, false
+	}
+	if b.comp == nil {
+		b.comp = make([]byte, headerLen, headerLen+p.enc.MaxEncodedSize(p.chunk))
+	}
+	t0 := time.Now()
+	out := p.enc.EncodeAll(data, b.comp[:headerLen])
+	elapsed := time.Since(t0)
+	b.comp = out[:headerLen]
+	payload := out[headerLen:]
+	if p.mode == CompressAuto {
+		p.auto.observe(len(data), len(payload), elapsed)
+	}
+	return payload, len(payload) < len(data)
+}
