@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -80,7 +81,9 @@ func runLinkd(ctx context.Context, args []string) error {
 			return err
 		}
 		var f linkdFile
-		if err := json.Unmarshal(data, &f); err != nil {
+		dec := json.NewDecoder(bytes.NewReader(data))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&f); err != nil {
 			return fmt.Errorf("config %s: %w", *config, err)
 		}
 		cfg.Control = f.Control

@@ -32,6 +32,13 @@ func runTestbed(ctx context.Context, args []string) error {
 		return testbedLink(ctx, args[1:])
 	case "exec":
 		return testbedExec(args[1:])
+	case "supervise": // internal: started by 'testbed up'
+		fs := flag.NewFlagSet("testbed supervise", flag.ContinueOnError)
+		procs := fs.String("procs", "", "process list written by 'testbed up'")
+		if err := parse(fs, args[1:]); err != nil {
+			return err
+		}
+		return testbed.Supervise(ctx, *procs)
 	}
 	return fmt.Errorf("%w: unknown testbed command %q (up|down|status|link|exec)", errUsage, args[0])
 }

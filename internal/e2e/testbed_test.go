@@ -180,7 +180,8 @@ func TestBadInput(t *testing.T) {
 		{[]string{"logs", "ghost"}, "no container"},
 		{[]string{"run", "--name", "a", "--image", "probe"}, "required"},
 		{[]string{"testbed", "up", "--nodes", "1"}, "already up"},
-		{[]string{"--testbed", "nosuch", "ps"}, ""},
+		{[]string{"ps", "--testbed", "nosuch"}, "not found"},
+		{[]string{"nosuchcommand"}, "unknown command"},
 	}
 	for _, tc := range cases {
 		out, errs, err := e.run(tc.args...)
@@ -189,7 +190,7 @@ func TestBadInput(t *testing.T) {
 			continue
 		}
 		lines := strings.Split(strings.TrimSpace(errs), "\n")
-		if len(lines) != 1 || !strings.HasPrefix(lines[0], "edgehop ") {
+		if len(lines) != 1 || !strings.HasPrefix(lines[0], "edgehop") {
 			t.Errorf("edgehop %v: want one error line, got %q", tc.args, errs)
 		}
 		if tc.want != "" && !strings.Contains(errs, tc.want) {

@@ -33,9 +33,19 @@ const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 // ServicePackages are installed into the services image.
 var ServicePackages = []string{"redis-server", "memcached", "mosquitto"}
 
-// mosquittoConf makes the broker reachable from other hosts without
-// credentials, as the migration scenarios need.
-const mosquittoConf = "# edgehop: listen on every address, no authentication\nlistener 1883 0.0.0.0\nallow_anonymous true\n"
+// mosquittoConf replaces Debian's /etc/mosquitto/mosquitto.conf: the
+// broker is reachable from other hosts without credentials, as the
+// migration scenarios need, and runs as a container's only process.
+const mosquittoConf = `# edgehop services image: mosquitto as a container's process.
+# Every address, no authentication.
+listener 1883 0.0.0.0
+allow_anonymous true
+# No pid file (no init creates /run/mosquitto), logs on stderr rather than
+# in a file of the rootfs, no persistence file written behind a checkpoint.
+log_dest stderr
+persistence false
+include_dir /etc/mosquitto/conf.d
+`
 
 // ErrUnknownImage is returned by Build for a name it has no recipe for.
 var ErrUnknownImage = errors.New("no built-in image of that name")

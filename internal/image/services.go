@@ -3,6 +3,8 @@ package image
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -30,8 +32,12 @@ var chrootEnv = []string{DefaultPath, "DEBIAN_FRONTEND=noninteractive", "LC_ALL=
 // documentation, and packs it as one layer. It needs root and network
 // access to the mirror.
 func buildServices(ctx context.Context, opts BuildOptions) (res Result, err error) {
+	recipe := servicesRecipe(opts.Suite)
 	if cached, ok := cachedResult(opts.Root, Services); ok && !opts.Force {
-		return cached, nil
+		if img, err := Resolve(opts.Root, Services); err == nil && img.file.Config.Labels[RecipeLabel] == recipe {
+			return cached, nil
+		}
+		opts.Logger.Info("cached image was built by another recipe; rebuilding", "image", Services)
 	}
 	for _, tool := range []string{"debootstrap", "chroot"} {
 		if _, err := exec.LookPath(tool); err != nil {
@@ -100,7 +106,7 @@ func buildServices(ctx context.Context, opts BuildOptions) (res Result, err erro
 			}
 		}
 	}
-	conf := filepath.Join(rootfs, "etc/mosquitto/conf.d/edgehop.conf")
+	conf := filepath.Join(rootfs, "etc/mosquitto/mosquitto.conf")
 	if err := os.WriteFile(conf, []byte(mosquittoConf), 0o644); err != nil {
 		return Result{}, fmt.Errorf("mosquitto config: %w", err)
 	}
@@ -127,11 +133,28 @@ func buildServices(ctx context.Context, opts BuildOptions) (res Result, err erro
 		return Result{}, fmt.Errorf("services layer: %w", err)
 	}
 	log.Info("build step done", "step", "pack", "took", time.Since(t).Round(time.Millisecond))
-	img, err := assemble(layer, runtime.GOARCH, time.Now(), v1.Config{Env: []string{DefaultPath}})
+	img, err := assemble(layer, runtime.GOARCH, time.Now(), v1.Config{
+		Env:    []string{DefaultPath},
+		Labels: map[string]string{RecipeLabel: recipe},
+	})
 	if err != nil {
 		return Result{}, err
 	}
 	return install(ctx, opts.Root, Services, img)
+}
+
+// RecipeLabel is the config label holding the hash of the recipe an image
+// was built by; a cached services image built by another recipe (older
+// packages list or configuration) is rebuilt.
+const RecipeLabel = "org.edgehop.recipe"
+
+// servicesRecipe identifies everything buildServices puts into the image
+// apart from the package versions the mirror serves. Bump the version
+// string when the build steps change.
+func servicesRecipe(suite string) string {
+	h := sha256.New()
+	fmt.Fprintf(h, "services v1\nsuite %s\npackages %s\nmosquitto.conf %s\n", suite, strings.Join(ServicePackages, " "), mosquittoConf)
+	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 
 // removeBuildDir removes a build directory, first detaching anything a

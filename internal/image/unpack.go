@@ -45,6 +45,13 @@ func (i *Image) Unpack(ctx context.Context, dest string) error {
 	if err := u.run(ctx, tar.NewReader(rc)); err != nil {
 		return fmt.Errorf("unpack %s into %s: %w", i.name, dest, err)
 	}
+	// mutate.Extract writes the tar trailer even when flattening failed
+	// (a bad layer, an unsafe name) and reports the failure only when the
+	// pipe is read past it, so an error would otherwise look like a clean,
+	// truncated rootfs.
+	if _, err := io.Copy(io.Discard, rc); err != nil {
+		return fmt.Errorf("unpack %s into %s: %w", i.name, dest, err)
+	}
 	return nil
 }
 

@@ -76,10 +76,18 @@ var ErrClosed = errors.New("link daemon closed")
 // Loss. Each queue keeps FIFO order. It is safe for concurrent use.
 //
 // Goroutines: per queue, the library's receive goroutine (which runs the
-// packet callback) and a releaser that sleeps until the head packet is due;
-// one control-socket accept loop with one goroutine per connection; and a
-// supervisor that shuts everything down when the context ends. All of them
-// have exited when Wait returns.
+// packet callback) and a releaser that sleeps until the head packet is due
+// (locked to its own OS thread, so a daemon with N queues keeps N extra
+// threads, idle while their queue is empty); one control-socket accept
+// loop with one goroutine per connection; and a supervisor that shuts
+// everything down when the context ends. All of them have exited when Wait
+// returns.
+//
+// Accuracy (measured on the 2-core development machine, see the package
+// benchmarks): packets are released on average 30–150 µs after their due
+// time on an idle machine; under heavy CPU contention from other processes
+// single packets can be tens of milliseconds late. QueueStatus reports the
+// lateness seen.
 type Daemon struct {
 	cfg    Config
 	log    *slog.Logger

@@ -321,6 +321,7 @@ func TestJitterKeepsOrder(t *testing.T) {
 func TestDaemonKilled(t *testing.T) {
 	s := newStar(t)
 	s.installRules(t)
+	s.shapeA(t, 500_000_000) // keeps the bulk transfer light on the shared CPUs
 	p := s.startDaemonProcess(t, nil)
 	sock := p.sock
 	ctx := context.Background()

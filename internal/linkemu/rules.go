@@ -23,6 +23,9 @@ import (
 // sends). --queue-bypass passes packets unchanged when no daemon serves the
 // queue. Every change rewrites both chains in one iptables-restore
 // transaction. Calls on one namespace must not run concurrently.
+//
+// Only IPv4 is queued (iptables, not ip6tables): IPv6 on a link passes
+// without delay or loss, though tbf shapes it.
 const (
 	ChainUp   = "EDGEHOP-LINKS-UP"
 	ChainDown = "EDGEHOP-LINKS-DOWN"

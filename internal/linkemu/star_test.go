@@ -212,9 +212,6 @@ func (s *star) startDaemonProcess(t testing.TB, queues map[uint16]linkemu.Params
 	p := &daemonProcess{sock: filepath.Join(t.TempDir(), "linkd.sock"), exited: make(chan error, 1), stderr: &strings.Builder{}}
 	// nsenter execs the helper: the process started is the daemon itself.
 	p.cmd = linux.Command(s.core, os.Args[0], "-test.run=^$")
-	if n := os.Getenv("XNICE"); n != "" {
-		p.cmd = linux.Command(s.core, "nice", "-n", n, os.Args[0], "-test.run=^$")
-	}
 	p.cmd.Env = append(os.Environ(), helperEnv+"="+p.sock)
 	p.cmd.Stderr = p.stderr
 	if err := p.cmd.Start(); err != nil {

@@ -59,21 +59,33 @@ func NewNetNS(path string) error {
 
 	errc := make(chan error, 1)
 	go func() {
-		// This goroutine's thread is never returned to the scheduler after
-		// unshare: it exits with the goroutine (no UnlockOSThread).
 		runtime.LockOSThread()
+		origin, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer origin.Close()
 		if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			errc <- fmt.Errorf("unshare: %w", err)
 			return
 		}
 		src := fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid())
-		if err := unix.Mount(src, path, "none", unix.MS_BIND, ""); err != nil {
-			errc <- fmt.Errorf("bind netns: %w", err)
-			return
+		err = unix.Mount(src, path, "none", unix.MS_BIND, "")
+		if err != nil {
+			err = fmt.Errorf("bind netns: %w", err)
+		} else {
+			var lo netlink.Link
+			if lo, err = netlink.LinkByName("lo"); err == nil {
+				err = netlink.LinkSetUp(lo)
+			}
 		}
-		lo, err := netlink.LinkByName("lo")
-		if err == nil {
-			err = netlink.LinkSetUp(lo)
+		// Back to where the thread came from; a thread that cannot go
+		// back stays locked and is discarded with this goroutine.
+		if netns.Set(origin) == nil {
+			runtime.UnlockOSThread()
 		}
 		errc <- err
 	}()
@@ -100,9 +112,10 @@ func DeleteNetNS(path string) error {
 	return nil
 }
 
-// InNetNS runs fn on an OS thread switched into the namespace at path. The
-// thread is discarded afterwards, so a failed switch back cannot leak a
-// thread in the wrong namespace.
+// InNetNS runs fn on an OS thread switched into the namespace at path, and
+// switches the thread back afterwards. A thread that cannot switch back is
+// never reused (it stays locked and is discarded), so no goroutine ever
+// runs in the wrong namespace.
 func InNetNS(path string, fn func() error) error {
 	target, err := netns.GetFromPath(path)
 	if err != nil {
@@ -112,11 +125,25 @@ func InNetNS(path string, fn func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
+		origin, err := netns.Get()
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		defer origin.Close()
 		if err := netns.Set(target); err != nil {
+			if netns.Set(origin) == nil {
+				runtime.UnlockOSThread()
+			}
 			errc <- fmt.Errorf("enter netns %s: %w", path, err)
 			return
 		}
-		errc <- fn()
+		err = fn()
+		if netns.Set(origin) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
 	}()
 	return <-errc
 }
@@ -146,9 +173,12 @@ func OpenNetNS(path string) (netns.NsHandle, error) {
 }
 
 // Command returns a command that runs name in the network namespace at
-// path (and only that namespace: the mount namespace is left alone, which
+// path (and only that namespace; "" runs it where the caller is: the mount namespace is left alone, which
 // CRIU requires).
 func Command(path, name string, args ...string) *exec.Cmd {
+	if path == "" {
+		return exec.Command(name, args...)
+	}
 	return exec.Command("nsenter", append([]string{"--net=" + path, "--", name}, args...)...)
 }
 

@@ -164,56 +164,46 @@ func Fig18(p Params, base UAV) ([]UAVVariant, plot.Figure, error) {
 	return vs, plot.Figure{Title: "Required bandwidth for safe UAV control (eq. 37, Table IV), parameters " + p.Name, Panels: panels}, nil
 }
 
-// SamplesFigure draws measured downtime and total time against the state
-// size, with the model's prediction for each sample's own inputs, grouped
-// by strategy, bandwidth, rounds and compression. params returns the set
-// to predict a strategy with.
+// SamplesFigure draws edgehop's measurements against the model, like
+// PAM's Fig. 13: (a) downtime and (b) total time against the state size,
+// one colour per strategy and bandwidth, crosses for the measurements and a
+// line through the model's prediction for each sample's own inputs (its
+// dirty rate, rounds, RTT and compression); (c) predicted against measured
+// for every sample, with the identity line. params returns the set to
+// predict a strategy with.
 func SamplesFigure(params func(Strategy) (Params, error), samples []Sample) (plot.Figure, error) {
 	type key struct {
-		s    string
-		l    float64
-		k    int
-		comp bool
+		s string
+		l float64
 	}
 	groups := map[key][]Sample{}
 	var keys []key
 	for _, s := range samples {
-		k := key{s.Strategy, s.BandwidthBps, s.Iterations, s.Compressed}
+		k := key{s.Strategy, s.BandwidthBps}
 		if _, ok := groups[k]; !ok {
 			keys = append(keys, k)
 		}
 		groups[k] = append(groups[k], s)
 	}
 	sort.Slice(keys, func(i, j int) bool {
-		a, b := keys[i], keys[j]
-		if a.s != b.s {
-			return a.s < b.s
+		if keys[i].s != keys[j].s {
+			return keys[i].s < keys[j].s
 		}
-		if a.l != b.l {
-			return a.l < b.l
-		}
-		if a.k != b.k {
-			return a.k < b.k
-		}
-		return !a.comp && b.comp
+		return keys[i].l < keys[j].l
 	})
-	down := plot.Panel{Title: "downtime", XLabel: "state size M (MB)", YLabel: "downtime (ms)", LogX: true, LogY: true}
-	total := plot.Panel{Title: "total migration time", XLabel: "state size M (MB)", YLabel: "total (ms)", LogX: true, LogY: true}
+	down := plot.Panel{Title: "(a) downtime", XLabel: "state size M (MB)", YLabel: "downtime (ms)", LogX: true, LogY: true}
+	total := plot.Panel{Title: "(b) total migration time", XLabel: "state size M (MB)", YLabel: "total (ms)", LogX: true, LogY: true}
+	scatter := plot.Panel{Title: "(c) model vs measured", XLabel: "measured (ms)", YLabel: "model (ms)", LogX: true, LogY: true}
+	lo, hi := math.Inf(1), 0.0
 	for gi, k := range keys {
 		g := groups[k]
-		color := plot.Color(gi)
-		sort.Slice(g, func(i, j int) bool { return g[i].StateBytes < g[j].StateBytes })
+		sort.SliceStable(g, func(i, j int) bool { return g[i].StateBytes < g[j].StateBytes })
 		p, err := params(Strategy(k.s))
 		if err != nil {
 			return plot.Figure{}, err
 		}
-		name := fmt.Sprintf("%s L=%s", k.s, FormatBandwidth(k.l))
-		if Strategy(k.s).rounds() {
-			name += fmt.Sprintf(" k=%d", k.k)
-		}
-		if k.comp {
-			name += " zstd"
-		}
+		color := plot.Color(gi)
+		name := fmt.Sprintf("%s %s", k.s, FormatBandwidth(k.l))
 		var x, md, mt, pd, pt []float64
 		for _, s := range g {
 			pr, err := p.Predict(Strategy(s.Strategy), SampleInputs(s))
@@ -223,13 +213,23 @@ func SamplesFigure(params func(Strategy) (Params, error), samples []Sample) (plo
 			x = append(x, float64(s.StateBytes)/1e6)
 			md, mt = append(md, s.DowntimeMs), append(mt, s.TotalMs)
 			pd, pt = append(pd, pr.DowntimeMs), append(pt, pr.TotalMs)
+			for _, v := range []float64{s.DowntimeMs, s.TotalMs} {
+				if v > 0 {
+					lo, hi = math.Min(lo, v), math.Max(hi, v)
+				}
+			}
 		}
 		down.Series = append(down.Series,
-			plot.Series{Name: name + " model", X: x, Y: pd, Line: true, Color: color},
-			plot.Series{Name: name + " measured", X: x, Y: md, Markers: true, Color: color})
+			plot.Series{Name: name, X: x, Y: pd, Line: true, Color: color},
+			plot.Series{X: x, Y: md, Markers: true, Color: color})
 		total.Series = append(total.Series,
-			plot.Series{Name: name + " model", X: x, Y: pt, Line: true, Color: color},
-			plot.Series{Name: name + " measured", X: x, Y: mt, Markers: true, Color: color})
+			plot.Series{Name: name, X: x, Y: pt, Line: true, Color: color},
+			plot.Series{X: x, Y: mt, Markers: true, Color: color})
+		scatter.Series = append(scatter.Series,
+			plot.Series{Name: name, X: append(append([]float64{}, md...), mt...), Y: append(append([]float64{}, pd...), pt...), Markers: true, Color: color})
 	}
-	return plot.Figure{Title: "edgehop migrations: model vs measured", Panels: []plot.Panel{down, total}}, nil
+	if hi > 0 {
+		scatter.Series = append(scatter.Series, plot.Series{Name: "model = measured", X: []float64{lo, hi}, Y: []float64{lo, hi}, Line: true, Dashed: true, Color: "#000000"})
+	}
+	return plot.Figure{Title: "edgehop migrations: model (lines) vs measured (crosses)", Panels: []plot.Panel{down, total, scatter}}, nil
 }

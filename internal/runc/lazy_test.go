@@ -344,3 +344,41 @@ func TestCheckpointCancelStalledPageServer(t *testing.T) {
 		return err
 	})
 }
+
+// TestDaemonErrors checks that a CRIU daemon that cannot start says why.
+func TestDaemonErrors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r := newRuntime(t)
+	requireCRIU(t, r)
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	tests := []struct {
+		name  string
+		start func(t *testing.T) (*runc.Daemon, error)
+	}{
+		{"page server on a busy port", func(t *testing.T) (*runc.Daemon, error) {
+			return r.StartPageServer(ctx, runc.PageServerOpts{ImagePath: t.TempDir(), Address: busy.Addr().String()})
+		}},
+		{"lazy pages without images", func(t *testing.T) (*runc.Daemon, error) {
+			requireLazyPages(t, r)
+			return r.StartLazyPages(ctx, runc.LazyPagesOpts{ImagePath: t.TempDir(), PageServer: freeAddr(t)})
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d, err := tt.start(t)
+			if err == nil {
+				d.Stop()
+				t.Fatal("daemon started")
+			}
+			t.Logf("error: %v", err)
+			if !strings.Contains(err.Error(), "criu log") || !strings.Contains(err.Error(), "Error") {
+				t.Errorf("error %q lacks CRIU's reason", err)
+			}
+		})
+	}
+}

@@ -51,10 +51,13 @@ func Down(ctx context.Context, root, name string, log *slog.Logger) error {
 	for _, m := range mounts {
 		errs = append(errs, linux.Unmount(m))
 	}
-	// 5. Namespaces, then the state directory.
+	// 5. The supervisor last: it reaps what the steps above killed.
+	killPidFile(filepath.Join(dir, "supervisor.pid"))
+	// 6. Namespaces, cgroups, then the state directory.
 	for _, p := range nsPaths {
 		errs = append(errs, linux.DeleteNetNS(p))
 	}
+	errs = append(errs, removeCgroups(name))
 	if err := os.RemoveAll(dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove %s: %w", dir, err))
 	}
@@ -126,4 +129,29 @@ func killInNamespaces(ctx context.Context, paths []string) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// removeCgroups removes the (empty, once the containers are gone) cgroup
+// directories of the testbed's nodes in every hierarchy: runc removes a
+// container's own cgroup, not the per-node parents edgehop puts it under.
+func removeCgroups(tb string) error {
+	dirs, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "*", "edgehop", tb+"-*"))
+	more, _ := filepath.Glob(filepath.Join("/sys/fs/cgroup", "edgehop", tb+"-*"))
+	var errs []error
+	for _, d := range append(dirs, more...) {
+		// Children first: walk collects parents before children.
+		var all []string
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				all = append(all, p)
+			}
+			return nil
+		})
+		for i := len(all) - 1; i >= 0; i-- {
+			if err := os.Remove(all[i]); err != nil && !errors.Is(err, os.ErrNotExist) {
+				errs = append(errs, fmt.Errorf("remove cgroup %s: %w", all[i], err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -27,9 +27,9 @@ func linkParams(l Link) linkemu.Params {
 	return linkemu.Params{Delay: l.Delay, Jitter: l.Jitter, Loss: l.Loss}
 }
 
-// startLinks installs the NFQUEUE rules and tbf shaping of every link and
-// starts the delay daemon inside the core.
-func startLinks(ctx context.Context, st *State, o Options) error {
+// setupLinks installs the NFQUEUE rules and tbf shaping of every link and
+// returns the delay daemon to run inside the core.
+func setupLinks(st *State, o Options) (Proc, error) {
 	args := []string{"linkd", "--control", st.linkdSocket()}
 	type link struct {
 		m        Member
@@ -45,10 +45,10 @@ func startLinks(ctx context.Context, st *State, o Options) error {
 	for _, l := range links {
 		up, down := st.queues(l.m, l.isClient)
 		if err := linkemu.InstallLink(st.Core.NetNSPath, l.m.Name, up, down); err != nil {
-			return fmt.Errorf("%s: %w", l.m.Name, err)
+			return Proc{}, fmt.Errorf("%s: %w", l.m.Name, err)
 		}
 		if err := shapeLink(st.Core.NetNSPath, l.m, l.m.Link.RateBps); err != nil {
-			return fmt.Errorf("%s: %w", l.m.Name, err)
+			return Proc{}, fmt.Errorf("%s: %w", l.m.Name, err)
 		}
 		for _, q := range []uint16{up, down} {
 			args = append(args, "--queue", fmt.Sprintf("%d:%d:%d:%s", q, l.m.Link.Delay.Microseconds(), l.m.Link.Jitter.Microseconds(),
@@ -57,14 +57,18 @@ func startLinks(ctx context.Context, st *State, o Options) error {
 	}
 	st.LinkdSock = st.linkdSocket()
 	coreDir := filepath.Join(st.Dir, "core")
-	if err := spawn(st.Core.NetNSPath, filepath.Join(coreDir, "linkd.log"), filepath.Join(coreDir, "linkd.pid"), o.Binary, args...); err != nil {
-		return fmt.Errorf("start linkd: %w", err)
-	}
+	return Proc{Name: "linkd", NetNS: st.Core.NetNSPath, Args: append([]string{o.Binary}, args...),
+		Log: filepath.Join(coreDir, "linkd.log"), PIDFile: filepath.Join(coreDir, "linkd.pid")}, nil
+}
+
+// waitLinkd waits until the delay daemon answers on its control socket.
+func waitLinkd(ctx context.Context, st *State) error {
+	coreDir := filepath.Join(st.Dir, "core")
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		if _, err := linkemu.Status(ctx, st.LinkdSock); err == nil {
 			return nil
-		} else if time.Now().After(deadline) || !alive(filepath.Join(coreDir, "linkd.pid")) {
+		} else if time.Now().After(deadline) || exited(filepath.Join(coreDir, "linkd.pid")) {
 			return fmt.Errorf("linkd not ready (see %s): %w", filepath.Join(coreDir, "linkd.log"), err)
 		}
 		time.Sleep(20 * time.Millisecond)

@@ -193,11 +193,25 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 	if err := st.save(); err != nil {
 		return nil, err
 	}
-	if err := startLinks(ctx, st, o); err != nil {
+	linkd, err := setupLinks(st, o)
+	if err != nil {
 		return nil, fmt.Errorf("link emulation: %w", err)
 	}
-	if err := startAgents(ctx, st, o); err != nil {
+	agents, err := prepareAgents(st, o)
+	if err != nil {
 		return nil, err
+	}
+	if err := startSupervisor(st, o.Binary, append([]Proc{linkd}, agents...)); err != nil {
+		return nil, fmt.Errorf("start supervisor: %w", err)
+	}
+	if err := waitLinkd(ctx, st); err != nil {
+		return nil, fmt.Errorf("link emulation: %w", err)
+	}
+	for _, p := range agents {
+		sock := filepath.Join(filepath.Dir(p.PIDFile), "agent.sock")
+		if err := waitAgent(ctx, sock, p.Log, p.PIDFile); err != nil {
+			return nil, fmt.Errorf("agent %s: %w", p.Name, err)
+		}
 	}
 	log.Info("testbed up", "name", st.Name, "nodes", len(st.Nodes), "clients", len(st.Clients))
 	return st, st.save()
@@ -236,7 +250,9 @@ func agentConfigs(st *State, o Options) []agent.Config {
 	return cfgs
 }
 
-func startAgents(ctx context.Context, st *State, o Options) error {
+// prepareAgents writes every agent's configuration and certificate and
+// returns the agent processes to start.
+func prepareAgents(st *State, o Options) ([]Proc, error) {
 	cfgs := agentConfigs(st, o)
 	nsOf := map[string]string{"core": st.Core.NetNSPath}
 	for _, n := range st.Nodes {
@@ -249,33 +265,25 @@ func startAgents(ctx context.Context, st *State, o Options) error {
 	// stream. The CA key stays in the testbed's own directory.
 	ca, err := pki.NewCA(filepath.Join(st.Dir, "ca"))
 	if err != nil {
-		return fmt.Errorf("testbed CA: %w", err)
+		return nil, fmt.Errorf("testbed CA: %w", err)
 	}
+	var procs []Proc
 	for _, c := range cfgs {
 		if err := ca.Issue(c.TLSDir, c.Node, []net.IP{c.VTEP.AsSlice()}); err != nil {
-			return fmt.Errorf("certificate for %s: %w", c.Node, err)
+			return nil, fmt.Errorf("certificate for %s: %w", c.Node, err)
 		}
-	}
-	for _, c := range cfgs {
 		if err := os.MkdirAll(c.StateDir, 0o755); err != nil {
-			return err
+			return nil, err
 		}
 		b, _ := json.MarshalIndent(c, "", "  ")
 		cfgPath := filepath.Join(c.StateDir, "agent.json")
 		if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
-			return err
+			return nil, err
 		}
-		if err := spawn(nsOf[c.Node], filepath.Join(c.StateDir, "agent.log"), filepath.Join(c.StateDir, "agent.pid"),
-			o.Binary, "agent", "--config", cfgPath); err != nil {
-			return fmt.Errorf("start agent %s: %w", c.Node, err)
-		}
+		procs = append(procs, Proc{Name: "agent " + c.Node, NetNS: nsOf[c.Node], Args: []string{o.Binary, "agent", "--config", cfgPath},
+			Log: filepath.Join(c.StateDir, "agent.log"), PIDFile: filepath.Join(c.StateDir, "agent.pid")})
 	}
-	for _, c := range cfgs {
-		if err := waitAgent(ctx, c.Socket, filepath.Join(c.StateDir, "agent.log"), filepath.Join(c.StateDir, "agent.pid")); err != nil {
-			return fmt.Errorf("agent %s: %w", c.Node, err)
-		}
-	}
-	return nil
+	return procs, nil
 }
 
 // spawn starts binary in the namespace nsPath, detached in its own session,
@@ -309,7 +317,7 @@ func waitAgent(ctx context.Context, sock, logPath, pidPath string) error {
 				return nil
 			}
 		}
-		if !alive(pidPath) || time.Now().After(deadline) {
+		if exited(pidPath) || time.Now().After(deadline) {
 			tail, _ := os.ReadFile(logPath)
 			lines := strings.Split(strings.TrimSpace(string(tail)), "\n")
 			if len(lines) > 5 {
@@ -323,6 +331,15 @@ func waitAgent(ctx context.Context, sock, logPath, pidPath string) error {
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// exited reports whether the process of pidPath was started and is gone
+// (a missing pid file means not started yet).
+func exited(pidPath string) bool {
+	if _, err := os.Stat(pidPath); err != nil {
+		return false
+	}
+	return !alive(pidPath)
 }
 
 func alive(pidPath string) bool {

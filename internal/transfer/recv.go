@@ -47,7 +47,7 @@ func (c *Conn) RecvDir(ctx context.Context, dstDir string, opts RecvOptions) (St
 	if err != nil {
 		return Stats{}, fmt.Errorf("recv dir: %w", err)
 	}
-	d := &dirSink{root: tmp, dirs: map[string]os.FileMode{}}
+	d := newDirSink(tmp)
 	_, st, err := c.recvStream(ctx, streamDir, opts, d)
 	if err == nil {
 		err = d.finish(dstDir)
@@ -255,16 +255,40 @@ func checkPath(p string) error {
 }
 
 // dirSink builds a received tree under root, a temporary directory.
-// Directories are created 0700 and given their modes last (a read-only
-// directory must still receive its files); files are written 0600 and
-// given their mode when complete.
+// Directories are created 0700 and get their metadata last, children
+// first (a read-only directory must still receive its files, and writing a
+// child changes its parent's mtime); files are written 0600 and get theirs
+// when complete.
 type dirSink struct {
 	root    string
-	dirs    map[string]os.FileMode // received directories by path, "." included
-	order   []string               // dirs in creation order
-	file    *fileSink              // the file being written, if any
-	mode    os.FileMode            // its mode
+	dirs    map[string]entry // received directories by path, "." included
+	order   []string         // dirs in creation order
+	file    *fileSink        // the file being written, if any
+	fileEnt entry            // its entry
 	gotRoot bool
+	chown   bool // running as root: apply owners
+}
+
+func newDirSink(root string) *dirSink {
+	return &dirSink{root: root, dirs: map[string]entry{}, chown: os.Geteuid() == 0}
+}
+
+func (d *dirSink) full(p string) string { return filepath.Join(d.root, filepath.FromSlash(p)) }
+
+// applyMeta gives a file or directory its owner, mode and mtime, in that
+// order (chown clears setuid and setgid bits).
+func (d *dirSink) applyMeta(e entry) error {
+	full := d.full(e.Path)
+	if d.chown {
+		if err := os.Lchown(full, e.UID, e.GID); err != nil {
+			return err
+		}
+	}
+	if err := os.Chmod(full, os.FileMode(e.Mode)); err != nil {
+		return err
+	}
+	t := time.Unix(0, e.MTime)
+	return os.Chtimes(full, t, t)
 }
 
 func (d *dirSink) entry(e entry) error {
@@ -277,13 +301,15 @@ func (d *dirSink) entry(e entry) error {
 	if os.FileMode(e.Mode)&^modeMask != 0 {
 		return fmt.Errorf("%w: %s: mode %#o has bits beyond permissions", ErrProtocol, e.Path, e.Mode)
 	}
-	mode := os.FileMode(e.Mode)
+	if e.UID < 0 || e.GID < 0 {
+		return fmt.Errorf("%w: %s: negative owner %d:%d", ErrProtocol, e.Path, e.UID, e.GID)
+	}
 	if !d.gotRoot {
 		if e.Path != "." || e.Type != entryDir {
 			return fmt.Errorf("%w: first entry %q (%s) is not the root directory", ErrProtocol, e.Path, e.Type)
 		}
 		d.gotRoot = true
-		d.dirs["."] = mode
+		d.dirs["."] = e
 		d.order = append(d.order, ".")
 		return nil
 	}
@@ -293,13 +319,13 @@ func (d *dirSink) entry(e entry) error {
 	if _, ok := d.dirs[path.Dir(e.Path)]; !ok {
 		return fmt.Errorf("%w: %q: parent is not a directory received before it", ErrUnsafePath, e.Path)
 	}
-	full := filepath.Join(d.root, filepath.FromSlash(e.Path))
+	full := d.full(e.Path)
 	switch e.Type {
 	case entryDir:
 		if err := os.Mkdir(full, 0o700); err != nil {
 			return err
 		}
-		d.dirs[e.Path] = mode
+		d.dirs[e.Path] = e
 		d.order = append(d.order, e.Path)
 	case entryFile:
 		// O_EXCL: an entry never replaces what an earlier one made.
@@ -307,13 +333,16 @@ func (d *dirSink) entry(e entry) error {
 		if err != nil {
 			return err
 		}
-		d.file, d.mode = &fileSink{f: f}, mode
+		d.file, d.fileEnt = &fileSink{f: f}, e
 	case entrySymlink:
 		if e.Target == "" || strings.IndexByte(e.Target, 0) >= 0 {
 			return fmt.Errorf("%w: %s: bad symlink target %q", ErrProtocol, e.Path, e.Target)
 		}
 		if err := os.Symlink(e.Target, full); err != nil {
 			return err
+		}
+		if d.chown {
+			return os.Lchown(full, e.UID, e.GID)
 		}
 	default:
 		return fmt.Errorf("%w: %s: unknown entry type %q", ErrProtocol, e.Path, e.Type)
@@ -341,11 +370,10 @@ func (d *dirSink) closeFile() error {
 	}
 	f := d.file
 	d.file = nil
-	err := f.close()
-	if err == nil {
-		err = os.Chmod(f.f.Name(), d.mode)
+	if err := f.close(); err != nil {
+		return err
 	}
-	return err
+	return d.applyMeta(d.fileEnt)
 }
 
 // finish completes the tree and renames it to dst.
@@ -358,7 +386,7 @@ func (d *dirSink) finish(dst string) error {
 	}
 	// Children before parents, so a read-only parent is set last.
 	for _, p := range slices.Backward(d.order) {
-		if err := os.Chmod(filepath.Join(d.root, filepath.FromSlash(p)), d.dirs[p]); err != nil {
+		if err := d.applyMeta(d.dirs[p]); err != nil {
 			return err
 		}
 	}

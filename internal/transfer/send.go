@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/klauspost/compress/zstd"
@@ -344,7 +345,10 @@ func (p *producer) walk(root string) error {
 		if err != nil {
 			return err
 		}
-		e := entry{Path: rel, Mode: uint32(info.Mode() & modeMask)}
+		e := entry{Path: rel, Mode: uint32(info.Mode() & modeMask), MTime: info.ModTime().UnixNano()}
+		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+			e.UID, e.GID = int(sys.Uid), int(sys.Gid)
+		}
 		switch {
 		case d.IsDir():
 			e.Type = entryDir

@@ -41,6 +41,12 @@ type entry struct {
 	// Mode holds permission, setuid, setgid and sticky bits (os.FileMode).
 	Mode   uint32 `json:"mode"`
 	Target string `json:"target,omitempty"`
+	// UID and GID own the entry; a receiver running as root applies them.
+	UID int `json:"uid"`
+	GID int `json:"gid"`
+	// MTime is the modification time in Unix nanoseconds (not applied to
+	// symlinks).
+	MTime int64 `json:"mtime"`
 }
 
 const modeMask = os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky

@@ -15,7 +15,9 @@ type Series struct {
 	Line    bool
 	Markers bool
 	Dashed  bool
-	Color   string // CSS colour; empty: the palette colour of the series' index
+	// Name is the legend entry; a series without a name has none (e.g.
+	// the markers that go with a named line of the same colour).
+	Color string // CSS colour; empty: the palette colour of the series' index
 }
 
 // Panel is one chart with its axes.
@@ -52,7 +54,13 @@ func (f Figure) SVG() []byte {
 	w := panelW * float64(max(1, len(f.Panels)))
 	h := panelH + titleH
 	for _, p := range f.Panels {
-		if rows := (len(p.Series) + 1) / 2; rows > 5 {
+		named := 0
+		for _, s := range p.Series {
+			if s.Name != "" {
+				named++
+			}
+		}
+		if rows := (named + 1) / 2; rows > 5 {
 			h = math.Max(h, panelH+titleH+float64(rows-5)*14)
 		}
 	}
@@ -168,6 +176,7 @@ func (p Panel) draw(b *bytes.Buffer, x0, y0 float64) {
 	fmt.Fprintf(b, `<text x="%s" y="%s" text-anchor="middle">%s</text>`+"\n", num(x0+marginL+plotW/2), num(y0+marginT+plotH+32), esc(p.XLabel))
 	fmt.Fprintf(b, `<text transform="translate(%s,%s) rotate(-90)" text-anchor="middle">%s</text>`+"\n", num(x0+16), num(y0+marginT+plotH/2), esc(p.YLabel))
 
+	legend := 0
 	for i, s := range p.Series {
 		color := s.Color
 		if color == "" {
@@ -195,12 +204,17 @@ func (p Panel) draw(b *bytes.Buffer, x0, y0 float64) {
 				}
 			}
 		}
-		// Legend: two columns under the axis label.
-		lx := x0 + marginL + float64(i%2)*plotW/2
-		ly := y0 + marginT + plotH + 50 + float64(i/2)*14
+		// Legend: two columns under the axis label; unnamed series have none.
+		if s.Name == "" {
+			continue
+		}
+		lx := x0 + marginL + float64(legend%2)*plotW/2
+		ly := y0 + marginT + plotH + 50 + float64(legend/2)*14
+		legend++
 		if s.Line {
 			fmt.Fprintf(b, `<line x1="%s" y1="%s" x2="%s" y2="%s" stroke="%s" stroke-width="1.8"/>`, num(lx), num(ly-4), num(lx+18), num(ly-4), color)
-		} else {
+		}
+		if s.Markers {
 			fmt.Fprintf(b, `<path d="M%s %sL%s %sM%s %sL%s %s" stroke="%s" stroke-width="1.5"/>`, num(lx+5), num(ly-8), num(lx+13), num(ly), num(lx+5), num(ly), num(lx+13), num(ly-8), color)
 		}
 		fmt.Fprintf(b, `<text x="%s" y="%s">%s</text>`+"\n", num(lx+22), num(ly), esc(s.Name))
@@ -210,6 +224,14 @@ func (p Panel) draw(b *bytes.Buffer, x0, y0 float64) {
 
 func num(v float64) string { return strconv.FormatFloat(v, 'f', 1, 64) }
 
-func label(v float64) string { return strconv.FormatFloat(v, 'g', 4, 64) }
+// label formats a tick: four significant digits, plain notation between
+// 10⁻³ and 10⁷.
+func label(v float64) string {
+	r, _ := strconv.ParseFloat(strconv.FormatFloat(v, 'g', 4, 64), 64)
+	if a := math.Abs(r); r == 0 || (a >= 1e-3 && a < 1e7) {
+		return strconv.FormatFloat(r, 'f', -1, 64)
+	}
+	return strconv.FormatFloat(r, 'g', 4, 64)
+}
 
 func esc(s string) string { return html.EscapeString(s) }
