@@ -252,7 +252,7 @@ func (a *Agent) serveMigrations(ctx context.Context, l *transfer.Listener) {
 	for {
 		conn, err := l.Accept(ctx)
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return
 			}
 			a.log.Warn("accept migration", "err", err)
