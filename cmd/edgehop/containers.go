@@ -35,13 +35,13 @@ func agents(st *testbed.State) map[string]*api.Client {
 // findContainer returns the node hosting name, asking every agent.
 func findContainer(ctx context.Context, st *testbed.State, name string) (string, api.Container, error) {
 	all, err := listAll(ctx, st)
-	if err != nil {
-		return "", api.Container{}, err
-	}
 	for _, c := range all {
 		if c.Name == name {
 			return c.Node, c, nil
 		}
+	}
+	if err != nil {
+		return "", api.Container{}, fmt.Errorf("container %q not found on the reachable nodes: %w", name, err)
 	}
 	return "", api.Container{}, fmt.Errorf("no container %q on any node of testbed %s (see 'edgehop ps')", name, st.Name)
 }
@@ -145,22 +145,26 @@ func runPs(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	// Print what the reachable agents report, then fail if one was not.
 	all, err := listAll(ctx, st)
-	if err != nil {
-		return err
-	}
 	if *asJSON {
 		if all == nil {
 			all = []api.Container{}
 		}
-		return printJSON(all)
+		if perr := printJSON(all); perr != nil {
+			return perr
+		}
+		return err
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NAME\tNODE\tIMAGE\tIP\tSTATUS\tPID")
 	for _, c := range all {
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", c.Name, c.Node, c.Image, c.IP, c.Status, c.PID)
 	}
-	return w.Flush()
+	if ferr := w.Flush(); ferr != nil {
+		return ferr
+	}
+	return err
 }
 
 func runLogs(ctx context.Context, args []string) error {

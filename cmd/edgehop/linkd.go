@@ -51,7 +51,7 @@ func (q *queueFlags) Set(s string) error {
 func runLinkd(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("linkd", flag.ContinueOnError)
 	fs.Usage = func() {
-		fmt.Fprintln(fs.Output(), "usage: edgehop linkd [--control SOCK] [--config FILE] [--queue N[:delay_us[:jitter_us[:loss]]]]...\n\n"+
+		fmt.Fprint(fs.Output(), "usage: edgehop linkd [--control SOCK] [--config FILE] [--queue N[:delay_us[:jitter_us[:loss]]]]...\n\n"+
 			"Holds the packets of the given NFQUEUE queues of the current network namespace for their\n"+
 			"delay (plus uniform jitter, never reordering), drops a fraction loss, until SIGTERM.\n"+
 			"Change a queue at run time with a JSON line on the control socket:\n"+

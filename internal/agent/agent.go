@@ -93,7 +93,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	// Checkpoint images live in memory: tmpfs, mounted once per node.
 	if !linux.IsMountPoint(a.scratchDir()) {
-		if err := linux.MountTmpfs(a.scratchDir()); err != nil {
+		if err := linux.MountTmpfs(a.scratchDir(), a.cfg.ScratchMB); err != nil {
 			return fmt.Errorf("scratch tmpfs: %w", err)
 		}
 	}

@@ -41,6 +41,7 @@ type Config struct {
 	Peers     []Peer       `json:"peers"`
 	ImageRoot string       `json:"image_root"` // local OCI image cache
 	TLSDir    string       `json:"tls_dir,omitempty"`
+	ScratchMB int          `json:"scratch_mb,omitempty"` // tmpfs for checkpoint images; 0 = tmpfs default
 
 	Log *slog.Logger `json:"-"`
 }

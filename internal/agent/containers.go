@@ -30,6 +30,10 @@ type meta struct {
 	Env     []string  `json:"env"`
 	Cwd     string    `json:"cwd"`
 	Created time.Time `json:"created"`
+	// Incoming marks a container received by a migration that has not
+	// committed yet; an agent that restarts discards it (the source kept
+	// or resumed the service).
+	Incoming bool `json:"incoming,omitempty"`
 }
 
 // container is a live container record. Its fields are guarded by
@@ -381,6 +385,11 @@ func (a *Agent) loadContainers(ctx context.Context) error {
 		var m meta
 		if err := json.Unmarshal(b, &m); err != nil {
 			a.log.Warn("skip container with unreadable meta", "dir", e.Name(), "err", err)
+			continue
+		}
+		if m.Incoming {
+			a.log.Info("discarding uncommitted incoming migration", "container", m.Name)
+			_ = a.destroy(ctx, m.Name)
 			continue
 		}
 		a.containers[m.Name] = &container{meta: m}

@@ -116,22 +116,48 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		return res, fmt.Errorf("%w (service resumed on %s)", cause, a.cfg.Node)
 	}
 
+	// The destination may give up while we stream (disk full, restore
+	// impossible): read its messages concurrently, so its reason is what
+	// we report rather than a reset connection.
+	peerMsg := make(chan peerMessage, 1)
+	go func() {
+		typ, body, err := conn.ReadMsg(ctx)
+		peerMsg <- peerMessage{typ, body, err}
+	}()
+	peerReason := func(cause error) error {
+		select {
+		case m := <-peerMsg:
+			if m.typ == migration.MsgAbort {
+				var ab migration.Abort
+				_ = json.Unmarshal(m.body, &ab)
+				return fmt.Errorf("%s aborted: %s", req.To, ab.Reason)
+			}
+		case <-time.After(time.Second):
+		}
+		return cause
+	}
 	opts := transfer.SendOptions{Name: "images", Compression: transfer.CompressOff}
 	st1, err := conn.SendDir(ctx, imgDir, opts)
 	if err != nil {
-		return rollback(fmt.Errorf("send images: %w", err))
+		return rollback(peerReason(fmt.Errorf("send images: %w", err)))
 	}
 	opts.Name = "upper"
 	st2, err := conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
 	if err != nil {
-		return rollback(fmt.Errorf("send writable layer: %w", err))
+		return rollback(peerReason(fmt.Errorf("send writable layer: %w", err)))
 	}
 	res.BytesOnWire = st1.WireBytes + st2.WireBytes
 	res.StateBytes = st1.PayloadBytes + st2.PayloadBytes
 	tm.Mark(migration.PhaseTransfer)
 
 	var restored migration.Restored
-	if err := expect(ctx, conn, migration.MsgRestored, &restored); err != nil {
+	var m1 peerMessage
+	select {
+	case m1 = <-peerMsg:
+	case <-ctx.Done():
+		m1.err = ctx.Err()
+	}
+	if err := m1.as(migration.MsgRestored, &restored); err != nil {
 		return rollback(fmt.Errorf("restore on %s: %w", req.To, err))
 	}
 	tm.Mark(migration.PhaseRestore)
@@ -209,9 +235,15 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string) e
 	a.mu.Unlock()
 	mac, _ := net.ParseMAC(c.meta.MAC)
 	_ = a.plane.DelRemote(mac)
+	// The service runs again; a peer that cannot be told (the failed
+	// destination, typically) learns from the endpoint list when it is
+	// back, so this is not a rollback failure.
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	return a.announce(actx, a.endpoint(c), false)
+	if err := a.announce(actx, a.endpoint(c), false); err != nil {
+		a.log.Warn("announce after rollback", "container", name, "err", err)
+	}
+	return nil
 }
 
 // releaseSource removes the migrated container's remains here (the runc
@@ -226,25 +258,38 @@ func (a *Agent) releaseSource(ctx context.Context, name string) error {
 	return errors.Join(errs...)
 }
 
+// peerMessage is one message read from the peer.
+type peerMessage struct {
+	typ  string
+	body json.RawMessage
+	err  error
+}
+
+// as requires the message to be typ and decodes it into v; an abort
+// becomes an error with the peer's reason.
+func (m peerMessage) as(typ string, v any) error {
+	if m.err != nil {
+		return m.err
+	}
+	if m.typ == migration.MsgAbort {
+		var ab migration.Abort
+		_ = json.Unmarshal(m.body, &ab)
+		return fmt.Errorf("peer aborted: %s", ab.Reason)
+	}
+	if m.typ != typ {
+		return fmt.Errorf("protocol: got %q, want %q", m.typ, typ)
+	}
+	if v != nil {
+		return json.Unmarshal(m.body, v)
+	}
+	return nil
+}
+
 // expect reads the next message and requires typ; an abort becomes an
 // error with the peer's reason.
 func expect(ctx context.Context, conn *transfer.Conn, typ string, v any) error {
 	got, body, err := conn.ReadMsg(ctx)
-	if err != nil {
-		return err
-	}
-	if got == migration.MsgAbort {
-		var ab migration.Abort
-		_ = json.Unmarshal(body, &ab)
-		return fmt.Errorf("peer aborted: %s", ab.Reason)
-	}
-	if got != typ {
-		return fmt.Errorf("protocol: got %q, want %q", got, typ)
-	}
-	if v != nil {
-		return json.Unmarshal(body, v)
-	}
-	return nil
+	return peerMessage{got, body, err}.as(typ, v)
 }
 
 // serveMigrations accepts incoming migrations until ctx ends.
@@ -310,7 +355,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 	if err != nil {
 		return fail(err)
 	}
-	m := meta{Name: p.Name, Image: p.Image, Digest: digest, IP: p.IP, MAC: p.MAC, Args: p.Args, Env: p.Env, Cwd: p.Cwd, Created: time.Now().UTC()}
+	m := meta{Name: p.Name, Image: p.Image, Digest: digest, IP: p.IP, MAC: p.MAC, Args: p.Args, Env: p.Env, Cwd: p.Cwd, Created: time.Now().UTC(), Incoming: true}
 	if err := os.MkdirAll(a.dir(p.Name), 0o755); err != nil {
 		return fail(err)
 	}
@@ -381,6 +426,10 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 // peer's FDB in parallel.
 func (a *Agent) switchHere(ctx context.Context, c *container) migration.Switched {
 	t0 := time.Now()
+	c.meta.Incoming = false
+	if err := a.writeMeta(c.meta); err != nil {
+		a.log.Warn("record committed container", "container", c.meta.Name, "err", err)
+	}
 	a.mu.Lock()
 	a.containers[c.meta.Name] = c
 	a.mu.Unlock()

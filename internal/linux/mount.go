@@ -36,12 +36,17 @@ func IsMountPoint(path string) bool {
 	return false
 }
 
-// MountTmpfs mounts a tmpfs at target (created if missing).
-func MountTmpfs(target string) error {
+// MountTmpfs mounts a tmpfs at target (created if missing), limited to
+// sizeMB megabytes (0: the kernel's default, half of memory).
+func MountTmpfs(target string, sizeMB int) error {
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return err
 	}
-	if err := unix.Mount("tmpfs", target, "tmpfs", 0, "mode=0700"); err != nil {
+	opts := "mode=0700"
+	if sizeMB > 0 {
+		opts += fmt.Sprintf(",size=%dm", sizeMB)
+	}
+	if err := unix.Mount("tmpfs", target, "tmpfs", 0, opts); err != nil {
 		return fmt.Errorf("mount tmpfs at %s: %w", target, err)
 	}
 	return nil

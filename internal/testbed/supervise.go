@@ -19,8 +19,9 @@ import (
 // supervisor inside a namespace.
 type Proc struct {
 	Name    string   `json:"name"`
-	NetNS   string   `json:"netns"` // namespace path
-	Args    []string `json:"args"`  // argv, argv[0] the binary
+	NetNS   string   `json:"netns"`         // namespace path
+	Args    []string `json:"args"`          // argv, argv[0] the binary
+	Env     []string `json:"env,omitempty"` // added to the supervisor's environment
 	Log     string   `json:"log"`
 	PIDFile string   `json:"pid_file"`
 }
@@ -92,6 +93,9 @@ func startProc(p Proc) error {
 	defer lf.Close()
 	cmd := linux.Command(p.NetNS, p.Args[0], p.Args[1:]...)
 	cmd.Stdout, cmd.Stderr = lf, lf
+	if len(p.Env) > 0 {
+		cmd.Env = append(os.Environ(), p.Env...)
+	}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		return err

@@ -28,6 +28,13 @@ type Options struct {
 	Binary    string // the edgehop binary started inside the namespaces
 	ImageRoot string // OCI image cache the agents import from
 	Log       *slog.Logger
+
+	// AgentEnv adds environment variables to the agent of a node (by
+	// name), e.g. a PATH with a fault-injecting runc wrapper in tests.
+	AgentEnv map[string][]string
+	// ScratchMB sizes a node's tmpfs for checkpoint images (0: half of
+	// the machine's memory, tmpfs's default).
+	ScratchMB map[string]int
 }
 
 // DefaultRoot is the default state root.
@@ -243,8 +250,9 @@ func agentConfigs(st *State, o Options) []agent.Config {
 		cfgs = append(cfgs, agent.Config{
 			Node: n.Name, Role: agent.RoleNode, StateDir: n.StateDir, Socket: n.Socket, Listen: n.API,
 			VTEP: NodeAddr(n.Index), VNI: agent.DefaultVNI, Overlay: OverlayPrefix, Gateway: OverlayGW, Range: NodeRange(n.Index),
-			Migrate: net.JoinHostPort(n.Address, strconv.Itoa(MigratePort)),
-			Peers:   others(n.Name), ImageRoot: o.ImageRoot, TLSDir: filepath.Join(n.StateDir, "tls"),
+			Migrate:   net.JoinHostPort(n.Address, strconv.Itoa(MigratePort)),
+			ScratchMB: o.ScratchMB[n.Name],
+			Peers:     others(n.Name), ImageRoot: o.ImageRoot, TLSDir: filepath.Join(n.StateDir, "tls"),
 		})
 	}
 	return cfgs
@@ -280,7 +288,7 @@ func prepareAgents(st *State, o Options) ([]Proc, error) {
 		if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
 			return nil, err
 		}
-		procs = append(procs, Proc{Name: "agent " + c.Node, NetNS: nsOf[c.Node], Args: []string{o.Binary, "agent", "--config", cfgPath},
+		procs = append(procs, Proc{Name: "agent " + c.Node, NetNS: nsOf[c.Node], Args: []string{o.Binary, "agent", "--config", cfgPath}, Env: o.AgentEnv[c.Node],
 			Log: filepath.Join(c.StateDir, "agent.log"), PIDFile: filepath.Join(c.StateDir, "agent.pid")})
 	}
 	return procs, nil

@@ -1,0 +1,202 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/testbed"
+)
+
+
+// upAPI brings a testbed up through the Go API, for options the CLI does
+// not expose (fault injection); teardown is registered.
+func (e *env) upAPI(spec testbed.Spec, o testbed.Options) *testbed.State {
+	e.t.Helper()
+	spec.Name = e.name
+	o.Root, o.Binary = e.root, e.bin
+	if o.ImageRoot == "" {
+		o.ImageRoot = "/var/lib/edgehop/images"
+	}
+	e.t.Cleanup(func() {
+		if err := testbed.Down(context.Background(), e.root, e.name, nil); err != nil {
+			e.t.Errorf("down: %v", err)
+		}
+	})
+	st, err := testbed.Up(context.Background(), spec, o)
+	if err != nil {
+		e.t.Fatalf("testbed up: %v", err)
+	}
+	return st
+}
+
+// redisWithData runs redis on node0, fills it with n keys of size bytes
+// from client0 and returns its address and an open client connection.
+func (e *env) redisWithData(st *testbed.State, n, size int) (string, *redisConn) {
+	e.t.Helper()
+	var c ctr
+	e.mustJSON(&c, "run", "--node", "node0", "--name", "redis", "--image", "services", "--json", "--",
+		"redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no")
+	addr := c.IP + ":6379"
+	var rc *redisConn
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var err error
+		rc, err = dialRedis(st.Clients[0].NetNSPath, addr)
+		if err == nil {
+			if _, err = rc.do("PING"); err == nil {
+				break
+			}
+			rc.Close()
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("redis not answering: %v", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	e.t.Cleanup(func() { rc.Close() })
+	if err := rc.fill(n, size); err != nil {
+		e.t.Fatalf("fill redis: %v", err)
+	}
+	return addr, rc
+}
+
+// requireResumedOnSource checks a failed migration left the service on
+// node0, answering on the connection opened before, with every key, and
+// nothing of it on node1.
+func (e *env) requireResumedOnSource(st *testbed.State, rc *redisConn, n, size int, errs string, destAlive bool) {
+	e.t.Helper()
+	if !strings.Contains(errs, "resumed on node0") {
+		e.t.Errorf("migration error does not say the service was resumed: %s", errs)
+	}
+	var ps []ctr
+	out, _, _ := e.run("ps", "--json") // a dead destination agent makes ps fail after printing
+	if err := json.Unmarshal([]byte(out), &ps); err != nil {
+		e.t.Fatalf("ps --json: %v: %s", err, out)
+	}
+	if len(ps) != 1 || ps[0].Node != "node0" {
+		e.t.Fatalf("after a failed migration ps = %+v, want redis on node0 only", ps)
+	}
+	if err := rc.verify(n, size); err != nil {
+		e.t.Fatalf("connection or data after rollback: %v", err)
+	}
+	// A live destination cleans up at once; a killed one on its next
+	// start (its leftovers are marked incoming).
+	left, _ := os.ReadDir(filepath.Join(st.Nodes[1].StateDir, "containers"))
+	if destAlive && len(left) != 0 {
+		e.t.Errorf("destination kept %v after a failed migration", left)
+	}
+	for _, d := range left {
+		b, _ := os.ReadFile(filepath.Join(st.Nodes[1].StateDir, "containers", d.Name(), "meta.json"))
+		if !strings.Contains(string(b), `"incoming": true`) {
+			e.t.Errorf("destination leftover %s is not marked incoming: %s", d.Name(), b)
+		}
+	}
+	if netnsLocked(st, "node0", "redis") {
+		e.t.Errorf("CRIU lock chain left in the source namespace")
+	}
+}
+
+func netnsLocked(st *testbed.State, node, name string) bool {
+	m, _ := st.Node(node)
+	return linux.Command(filepath.Join(m.StateDir, "netns", name), "iptables", "-w", "-n", "-L", "CRIU").Run() == nil
+}
+
+// TestRollbackDestinationKilled: the destination agent dies in the middle
+// of the transfer; the service resumes on the source with its data and its
+// client connection.
+func TestRollbackDestinationKilled(t *testing.T) {
+	e := newEnv(t)
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Nodes[1].Link.RateBps = 100_000_000 // a slow destination: a wide window
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{})
+	const n, size = 60_000, 1000
+	_, rc := e.redisWithData(st, n, size)
+
+	type out struct {
+		stdout, stderr string
+		err            error
+	}
+	done := make(chan out, 1)
+	go func() {
+		o, errs, err := e.run("migrate", "redis", "--to", "node1")
+		done <- out{o, errs, err}
+	}()
+	// Wait until the destination is receiving, then kill its agent.
+	in := filepath.Join(st.Nodes[1].StateDir, "scratch", "redis-in")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if ents, _ := filepath.Glob(in + "*"); len(ents) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("destination never started receiving")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	pid, _ := os.ReadFile(filepath.Join(st.Nodes[1].StateDir, "agent.pid"))
+	if out, err := exec.Command("kill", "-9", strings.TrimSpace(string(pid))).CombinedOutput(); err != nil {
+		t.Fatalf("kill destination agent: %v %s", err, out)
+	}
+	o := <-done
+	if o.err == nil {
+		t.Fatalf("migration succeeded although the destination died: %s", o.stdout)
+	}
+	e.requireResumedOnSource(st, rc, n, size, o.stderr, false)
+}
+
+// TestRollbackRestoreFails: CRIU restore fails on the destination (a runc
+// wrapper injects the failure); the service resumes on the source.
+func TestRollbackRestoreFails(t *testing.T) {
+	e := newEnv(t)
+	realRunc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Skip("skipped: runc not installed")
+	}
+	wrap := t.TempDir()
+	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = restore ] && { echo 'injected restore failure' >&2; exit 1; }; done\nexec " + realRunc + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(wrap, "runc"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node1": {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
+	const n, size = 5_000, 1000
+	_, rc := e.redisWithData(st, n, size)
+	_, errs, err := e.run("migrate", "redis", "--to", "node1")
+	if err == nil {
+		t.Fatal("migration succeeded although restore was made to fail")
+	}
+	if !strings.Contains(errs, "restore") {
+		t.Errorf("error does not carry the restore failure: %s", errs)
+	}
+	e.requireResumedOnSource(st, rc, n, size, errs, true)
+}
+
+// TestRollbackDestinationDiskFull: the destination's image space is too
+// small for the checkpoint; the service resumes on the source.
+func TestRollbackDestinationDiskFull(t *testing.T) {
+	e := newEnv(t)
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{ScratchMB: map[string]int{"node1": 8}})
+	const n, size = 30_000, 1000
+	_, rc := e.redisWithData(st, n, size)
+	_, errs, err := e.run("migrate", "redis", "--to", "node1")
+	if err == nil {
+		t.Fatal("migration succeeded into an 8 MB tmpfs")
+	}
+	if !strings.Contains(strings.ToLower(errs), "no space") {
+		t.Errorf("error does not name the full disk: %s", errs)
+	}
+	e.requireResumedOnSource(st, rc, n, size, errs, true)
+}
+
