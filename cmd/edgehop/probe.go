@@ -4,7 +4,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"net"
 	"strconv"
 	"time"
 
@@ -92,7 +91,7 @@ func probeServe(ctx context.Context, args []string) error {
 	if _, err := strconv.ParseUint(port, 10, 16); err != nil {
 		return fmt.Errorf("%w: bad port %q", errUsage, port)
 	}
-	ln, err := net.Listen("tcp", ":"+port)
+	ln, err := probe.Listen(ctx, ":"+port)
 	if err != nil {
 		return err
 	}

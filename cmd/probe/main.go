@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strconv"
 
@@ -32,11 +31,9 @@ func main() {
 	} else {
 		port = strconv.FormatUint(p, 10)
 	}
-	// Plain TCP, not Go's default MPTCP: CRIU cannot checkpoint MPTCP
-	// sockets, and the probe must survive checkpoint/restore.
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(false)
-	ln, err := lc.Listen(context.Background(), "tcp", ":"+port)
+	// probe.Listen: plain TCP, not Go's default MPTCP, which CRIU cannot
+	// checkpoint.
+	ln, err := probe.Listen(context.Background(), ":"+port)
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "probe: %v\n", err)
 		os.Exit(1)

@@ -91,6 +91,10 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	// freeze on.
 	res.Started = time.Now().UTC()
 	tm.Freeze()
+	// The destination takes the service's traffic now and holds it.
+	if err := conn.WriteMsg(ctx, migration.MsgFrozen, struct{}{}); err != nil {
+		return res, fmt.Errorf("notify %s: %w", req.To, err)
+	}
 	if err := a.rt.Checkpoint(ctx, name, runc.CheckpointOpts{ImagePath: imgDir, WorkPath: imgDir, TCPEstablished: true}); err != nil {
 		// CRIU resumes the service when a dump fails, but leaves its lock.
 		uerr := netplane.Unlock(a.nsPath(name))
@@ -161,12 +165,18 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		return rollback(fmt.Errorf("restore on %s: %w", req.To, err))
 	}
 	tm.Mark(migration.PhaseRestore)
+	tm.Add(migration.PhaseNetwork, restored.NetworkMs)
+	res.HeldPackets = restored.Held
 	for k, v := range restored.CRIU {
 		if res.CRIU == nil {
 			res.CRIU = map[string]float64{}
 		}
 		res.CRIU[k] = v
 	}
+
+	// The service answers again: the destination restored it with the
+	// network already pointing at it and delivered what it held.
+	res.DowntimeMs = migration.Ms(tm.Downtime())
 
 	// Commit point: the service now belongs to the destination. It is
 	// dropped from this node's table first, so a destination that loses
@@ -182,8 +192,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if cerr == nil {
 		cerr = expect(ctx, conn, migration.MsgSwitched, &sw)
 	}
-	res.DowntimeMs = migration.Ms(tm.Downtime())
-	tm.Mark(migration.PhaseNetwork)
+	tm.Mark(migration.PhaseCommit)
 	if cerr != nil {
 		a.log.Warn("no switch confirmation; destination decides from our state", "container", name, "err", cerr)
 	}
@@ -373,6 +382,15 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 	if err := a.plane.Attach(ep, false); err != nil {
 		return fail(err)
 	}
+	holder, err := netplane.Hold(ns)
+	if err != nil {
+		return fail(err)
+	}
+	defer func() {
+		if holder != nil {
+			_ = holder.Drop()
+		}
+	}()
 	if err := runc.WriteBundle(a.bundle(p.Name), a.runcSpec(m)); err != nil {
 		return fail(err)
 	}
@@ -383,7 +401,13 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 		return err
 	}
 
-	// The source is frozen now: receive, restore, report.
+	// The source freezes: take its traffic (held until restored).
+	if err := expect(ctx, conn, migration.MsgFrozen, nil); err != nil {
+		return err
+	}
+	c := &container{meta: m}
+	sw := a.takeTraffic(ctx, c)
+	tRecv := time.Now()
 	if _, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{}); err != nil {
 		return fail(fmt.Errorf("receive images: %w", err))
 	}
@@ -391,6 +415,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 	if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
 		return fail(fmt.Errorf("receive writable layer: %w", err))
 	}
+	recvMs := migration.Ms(time.Since(tRecv))
 	if err := linux.MountOverlay(lower, upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
 		return fail(err)
 	}
@@ -403,13 +428,18 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 		lf.Close()
 		return fail(fmt.Errorf("restore: %w", err))
 	}
-	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0))}
+	held, herr := holder.Release()
+	holder = nil
+	if herr != nil {
+		a.log.Warn("release held packets", "container", p.Name, "err", herr)
+	}
+	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0)), NetworkMs: sw.NetworkMs, Held: held, RecvMs: recvMs}
 	if st, err := runc.ReadRestoreStats(imgDir + "-work"); err == nil {
 		r.CRIU = restoreStatsMap(st)
 	} else if st, err := runc.ReadRestoreStats(imgDir); err == nil {
 		r.CRIU = restoreStatsMap(st)
 	}
-	c := &container{meta: m, log: lf}
+	c.log = lf
 	if err := conn.WriteMsg(ctx, migration.MsgRestored, r); err != nil {
 		return a.decideAfterLoss(ctx, c, p.From, err, &committed)
 	}
@@ -417,22 +447,16 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 		return a.decideAfterLoss(ctx, c, p.From, err, &committed)
 	}
 	committed = true
-	sw := a.switchHere(ctx, c)
+	a.adopt(c)
 	_ = conn.WriteMsg(ctx, migration.MsgSwitched, sw)
 	return nil
 }
 
-// switchHere makes this node the service's home: local FDB, then every
-// peer's FDB in parallel.
-func (a *Agent) switchHere(ctx context.Context, c *container) migration.Switched {
+// takeTraffic points the overlay at this node for the service: the local
+// bridge entry, then every peer's FDB in parallel. It runs while the source
+// dumps; until the restore, the packets are held (netplane.Holder).
+func (a *Agent) takeTraffic(ctx context.Context, c *container) migration.Switched {
 	t0 := time.Now()
-	c.meta.Incoming = false
-	if err := a.writeMeta(c.meta); err != nil {
-		a.log.Warn("record committed container", "container", c.meta.Name, "err", err)
-	}
-	a.mu.Lock()
-	a.containers[c.meta.Name] = c
-	a.mu.Unlock()
 	mac, _ := net.ParseMAC(c.meta.MAC)
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "err", err)
@@ -446,6 +470,17 @@ func (a *Agent) switchHere(ctx context.Context, c *container) migration.Switched
 		a.log.Warn("announce migrated endpoint", "container", c.meta.Name, "err", err)
 	}
 	return migration.Switched{NetworkMs: migration.Ms(time.Since(t0))}
+}
+
+// adopt records a committed incoming container as this node's own.
+func (a *Agent) adopt(c *container) {
+	c.meta.Incoming = false
+	if err := a.writeMeta(c.meta); err != nil {
+		a.log.Warn("record committed container", "container", c.meta.Name, "err", err)
+	}
+	a.mu.Lock()
+	a.containers[c.meta.Name] = c
+	a.mu.Unlock()
 }
 
 // decideAfterLoss settles a restored service whose source connection
@@ -465,7 +500,8 @@ func (a *Agent) decideAfterLoss(ctx context.Context, c *container, from string, 
 		switch {
 		case errors.Is(err, api.ErrNotFound):
 			*committed = true
-			a.switchHere(ctx, c)
+			a.adopt(c)
+			a.takeTraffic(ctx, c)
 			return nil
 		case err == nil && sc.Status == "running":
 			return fmt.Errorf("source kept the service: %w", cause)

@@ -14,7 +14,6 @@ import (
 	"github.com/edgehop/edgehop/internal/testbed"
 )
 
-
 // upAPI brings a testbed up through the Go API, for options the CLI does
 // not expose (fault injection); teardown is registered.
 func (e *env) upAPI(spec testbed.Spec, o testbed.Options) *testbed.State {
@@ -199,4 +198,3 @@ func TestRollbackDestinationDiskFull(t *testing.T) {
 	}
 	e.requireResumedOnSource(st, rc, n, size, errs, true)
 }
-

@@ -20,8 +20,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
-
-	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // DefaultMirror is the Debian mirror the services image is built from.
@@ -96,10 +94,7 @@ func Build(ctx context.Context, name string, opts BuildOptions) (Result, error) 
 	if name != Probe && name != Services {
 		return Result{}, fmt.Errorf("build %q: %w (have %s)", name, ErrUnknownImage, strings.Join(Builtins(), ", "))
 	}
-	if err := os.MkdirAll(opts.Root, 0o755); err != nil {
-		return Result{}, fmt.Errorf("build %s: %w", name, err)
-	}
-	release, err := linux.LockFile(ctx, filepath.Join(opts.Root, "."+name+".lock"))
+	release, err := lockName(ctx, opts.Root, name)
 	if err != nil {
 		return Result{}, fmt.Errorf("build %s: %w", name, err)
 	}
@@ -152,6 +147,9 @@ func buildProbe(ctx context.Context, opts BuildOptions) (Result, error) {
 	}
 	arch, err := staticELF(bin)
 	if err != nil {
+		if opts.ProbeBinary == "" && errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("%w (build it with 'make build', or name it with --probe)", err)
+		}
 		return Result{}, err
 	}
 	var layerBuf bytes.Buffer
@@ -241,7 +239,7 @@ func assemble(layer v1.Layer, arch string, created time.Time, cfg v1.Config) (v1
 // first, then renamed into place (replacing an older image of that name).
 // The caller holds the name's lock.
 func install(ctx context.Context, root, name string, img v1.Image) (Result, error) {
-	tmp, err := os.MkdirTemp(root, ".tmp-"+name+"-")
+	tmp, err := workDir(root, name)
 	if err != nil {
 		return Result{}, err
 	}
@@ -261,10 +259,16 @@ func install(ctx context.Context, root, name string, img v1.Image) (Result, erro
 	}
 	final := filepath.Join(root, name)
 	old := filepath.Join(tmp, "old")
-	if err := os.Rename(final, old); err != nil && !errors.Is(err, fs.ErrNotExist) {
+	hadOld := true
+	if err := os.Rename(final, old); errors.Is(err, fs.ErrNotExist) {
+		hadOld = false
+	} else if err != nil {
 		return Result{}, fmt.Errorf("move old image aside: %w", err)
 	}
 	if err := os.Rename(dir, final); err != nil {
+		if hadOld {
+			err = errors.Join(err, os.Rename(old, final))
+		}
 		return Result{}, fmt.Errorf("install image: %w", err)
 	}
 	res, ok := cachedResult(root, name)
@@ -274,4 +278,3 @@ func install(ctx context.Context, root, name string, img v1.Image) (Result, erro
 	res.Cached = false
 	return res, nil
 }
-

@@ -71,7 +71,7 @@ func TestProbeImageBuildUnpackRun(t *testing.T) {
 	if forced.Cached || forced.Digest != first.Digest {
 		t.Fatalf("forced rebuild: %+v; want a fresh write with the same (deterministic) digest %s", forced, first.Digest)
 	}
-	if left, _ := filepath.Glob(filepath.Join(root, ".tmp-*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(root, ".tmp+*")); len(left) > 0 {
 		t.Fatalf("temporary build directories left: %v", left)
 	}
 
@@ -514,7 +514,7 @@ func TestImport(t *testing.T) {
 	if got := strings.Join(names, ","); got != "impa,impb,impc" {
 		t.Fatalf("List names %q, want impa,impb,impc", got)
 	}
-	if left, _ := filepath.Glob(filepath.Join(root, ".tmp-*")); len(left) > 0 {
+	if left, _ := filepath.Glob(filepath.Join(root, ".tmp+*")); len(left) > 0 {
 		t.Fatalf("temporary directories left: %v", left)
 	}
 }
@@ -531,5 +531,58 @@ func TestNames(t *testing.T) {
 	}
 	if infos, err := List(filepath.Join(root, "missing")); err != nil || len(infos) != 0 {
 		t.Errorf("List of a missing root = %v, %v", infos, err)
+	}
+}
+
+// Builds of one name serialise on the lock; a work directory left by a
+// dead build is removed by the next one.
+func TestBuildConcurrentAndStale(t *testing.T) {
+	bin := buildProbeBinary(t)
+	root := t.TempDir()
+	stale := filepath.Join(root, ".tmp+probe+12345")
+	if err := os.MkdirAll(filepath.Join(stale, "layout/blobs"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(root, ".tmp+probe-x+1") // another name's work: not ours to remove
+	if err := os.MkdirAll(other, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	const n = 3
+	results := make(chan Result, n)
+	errs := make(chan error, n)
+	for range n {
+		go func() {
+			res, err := Build(context.Background(), Probe, BuildOptions{Root: root, ProbeBinary: bin})
+			results <- res
+			errs <- err
+		}()
+	}
+	var built, cached int
+	var digests []string
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+		res := <-results
+		if res.Cached {
+			cached++
+		} else {
+			built++
+		}
+		digests = append(digests, res.Digest)
+	}
+	if built != 1 || cached != n-1 {
+		t.Fatalf("%d built, %d cached; want exactly one build", built, cached)
+	}
+	for _, d := range digests[1:] {
+		if d != digests[0] {
+			t.Fatalf("digests differ: %v", digests)
+		}
+	}
+	if _, err := os.Stat(stale); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("stale work directory not removed: %v", err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Fatalf("another name's work directory was removed: %v", err)
 	}
 }

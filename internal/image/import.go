@@ -15,8 +15,6 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/klauspost/compress/gzip"
-
-	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // ErrUnknownFormat is returned by Import for a source that is neither an
@@ -34,15 +32,12 @@ func Import(ctx context.Context, root, name, src string) (*Image, error) {
 		return nil, err
 	}
 	root = rootOrDefault(root)
-	if err := os.MkdirAll(root, 0o755); err != nil {
-		return nil, fmt.Errorf("import %s: %w", name, err)
-	}
-	release, err := linux.LockFile(ctx, filepath.Join(root, "."+name+".lock"))
+	release, err := lockName(ctx, root, name)
 	if err != nil {
 		return nil, fmt.Errorf("import %s: %w", name, err)
 	}
 	defer release()
-	work, err := os.MkdirTemp(root, ".tmp-import-"+name+"-")
+	work, err := workDir(root, name)
 	if err != nil {
 		return nil, fmt.Errorf("import %s: %w", name, err)
 	}

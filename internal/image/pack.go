@@ -127,7 +127,7 @@ func packFile(src, name string, mode int64, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	zw, err := gzip.NewWriterLevel(out, gzip.BestCompression)
+	zw, err := gzip.NewWriterLevel(out, gzip.DefaultCompression)
 	if err != nil {
 		return err
 	}

@@ -44,11 +44,11 @@ func buildServices(ctx context.Context, opts BuildOptions) (res Result, err erro
 			return Result{}, fmt.Errorf("%w: %s", ErrToolMissing, tool)
 		}
 	}
-	work, err := os.MkdirTemp(opts.Root, ".tmp-services-build-")
+	work, err := workDir(opts.Root, Services)
 	if err != nil {
 		return Result{}, err
 	}
-	defer func() { err = errors.Join(err, removeBuildDir(work)) }()
+	defer func() { err = errors.Join(err, removeWorkDir(work)) }()
 	rootfs := filepath.Join(work, "rootfs")
 	log := opts.Logger.With("image", Services)
 
@@ -155,34 +155,6 @@ func servicesRecipe(suite string) string {
 	h := sha256.New()
 	fmt.Fprintf(h, "services v1\nsuite %s\npackages %s\nmosquitto.conf %s\n", suite, strings.Join(ServicePackages, " "), mosquittoConf)
 	return hex.EncodeToString(h.Sum(nil))[:16]
-}
-
-// removeBuildDir removes a build directory, first detaching anything a
-// killed debootstrap left mounted inside it (its /proc, /sys or /dev), so
-// RemoveAll never walks into a live filesystem.
-func removeBuildDir(dir string) error {
-	if err := unmountUnder(dir); err != nil {
-		return err
-	}
-	return os.RemoveAll(dir)
-}
-
-func unmountUnder(dir string) error {
-	mounts, err := linux.MountsUnder(dir)
-	if err != nil {
-		return fmt.Errorf("list mounts under %s: %w", dir, err)
-	}
-	var errs []error
-	for _, m := range mounts {
-		errs = append(errs, linux.Unmount(m))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	if left, _ := linux.MountsUnder(dir); len(left) > 0 {
-		return fmt.Errorf("still mounted under %s: %s", dir, strings.Join(left, ", "))
-	}
-	return nil
 }
 
 func tail(s string, n int) string {

@@ -3,6 +3,7 @@ package image
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -81,7 +83,7 @@ func TestServicesImage(t *testing.T) {
 			ns := testutil.NewNetNS(t, "img")
 			cmd := linux.Command(ns, "chroot", append([]string{rootfs}, tt.args...)...)
 			cmd.Env = []string{DefaultPath}
-			var out bytes.Buffer
+			var out syncBuffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -123,4 +125,49 @@ func exchange(ns, addr, msg string, n int) (string, error) {
 		return nil
 	})
 	return got, err
+}
+
+// A services build cancelled midway leaves no image, no work directory
+// and nothing mounted in the cache.
+func TestServicesBuildCancel(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "debootstrap")
+	root := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := Build(ctx, Services, BuildOptions{Root: root})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("err = %v, want the context's deadline", err)
+	}
+	if el := time.Since(start); el > 20*time.Second {
+		t.Fatalf("cancelled build took %v to return", el)
+	}
+	if _, err := Resolve(root, Services); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("cancelled build left an image: %v", err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(root, ".tmp+*")); len(left) > 0 {
+		t.Fatalf("work directories left: %v", left)
+	}
+	if m, _ := linux.MountsUnder(root); len(m) > 0 {
+		t.Fatalf("mounts left: %v", m)
+	}
+}
+
+// syncBuffer collects a child's output while the test reads it.
+type syncBuffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

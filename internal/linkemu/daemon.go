@@ -326,11 +326,13 @@ type queue struct {
 	onFail func(error)
 
 	mu sync.Mutex
-	// Guarded by mu. Verdicts are also sent with mu held, so that they
-	// reach the kernel in queue order.
+	// Guarded by mu. Verdicts are sent with mu held (so that they reach
+	// the kernel in queue order), except the releaser's batches: see
+	// releaseDue.
 	pipe    *pipe
 	held    []heldPacket // FIFO; held[head:] are waiting
 	head    int
+	sending bool // the releaser is sending a batch verdict without mu
 	closing bool
 	lastID  uint32
 	stats   QueueStatus
@@ -441,7 +443,7 @@ func (q *queue) packet(a nfqueue.Attribute) int {
 	case drop:
 		q.verdictLocked(id, nfqueue.NfDrop, false)
 		q.stats.Dropped++
-	case empty && !release.After(now):
+	case empty && !q.sending && !release.After(now):
 		q.verdictLocked(id, nfqueue.NfAccept, false)
 		q.stats.Released++
 	default:
@@ -468,6 +470,12 @@ func (q *queue) verdictLocked(id uint32, verdict int, batch bool) {
 	} else {
 		err = q.nf.SetVerdict(id, verdict)
 	}
+	q.verdictErrLocked(id, err)
+}
+
+// verdictErrLocked counts and logs a verdict that was not sent; q.mu is
+// held.
+func (q *queue) verdictErrLocked(id uint32, err error) {
 	if err != nil {
 		q.stats.VerdictErrors++
 		if q.stats.VerdictErrors == 1 || q.stats.VerdictErrors%1000 == 0 {
@@ -524,9 +532,14 @@ func (q *queue) releaser(ctx context.Context) {
 
 // releaseDue accepts every held packet due at now with one batch verdict
 // and returns the release time of the next one, if any.
+//
+// The verdict is sent without q.mu held: the kernel forwards the whole
+// batch inside that call, and the receive callback must not wait for it
+// (its arrival times would slip). While it is in flight, sending is set
+// and the callback queues packets it would otherwise accept at once, so
+// that verdicts still reach the kernel in queue order.
 func (q *queue) releaseDue(now time.Time) (next time.Time, ok bool) {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	n := 0
 	var last uint32
 	for q.head < len(q.held) && !q.held[q.head].release.After(now) {
@@ -541,12 +554,18 @@ func (q *queue) releaseDue(now time.Time) (next time.Time, ok bool) {
 		n++
 	}
 	if n > 0 {
-		// FIFO: every packet up to last that is still in the kernel queue
-		// is due (dropped ones already have their verdict).
-		q.verdictLocked(last, nfqueue.NfAccept, true)
 		q.stats.Released += uint64(n)
 		q.delayed += uint64(n)
+		q.sending = true
+		q.mu.Unlock()
+		// FIFO: every packet up to last that is still in the kernel queue
+		// is due (dropped ones already have their verdict).
+		err := q.nf.SetVerdictBatch(last, nfqueue.NfAccept)
+		q.mu.Lock()
+		q.sending = false
+		q.verdictErrLocked(last, err)
 	}
+	defer q.mu.Unlock()
 	if q.head == len(q.held) {
 		q.held, q.head = q.held[:0], 0
 		return time.Time{}, false

@@ -33,6 +33,7 @@ const (
 	PhaseTransfer = "transfer" // images and writable layer to the destination
 	PhaseRestore  = "restore"  // CRIU restore on the destination
 	PhaseNetwork  = "network"  // FDB switch on every node
+	PhaseCommit   = "commit"   // ownership handed to the destination
 	PhaseCleanup  = "cleanup"  // source released
 	PhaseLazy     = "lazy"     // post-copy: remaining pages pulled after restore
 	PhaseRollback = "rollback" // service restored on the source after a failure
@@ -58,6 +59,7 @@ type Result struct {
 	SourceFreeMs float64            `json:"source_free_ms"` // until the source holds nothing of the service
 	PhasesMs     map[string]float64 `json:"phases_ms"`
 	BytesOnWire  int64              `json:"bytes_on_wire"`
+	HeldPackets  int                `json:"held_packets"` // client packets held during the downtime and delivered after restore
 	StateBytes   int64              `json:"state_bytes"` // payload: images + writable layer
 	Compressed   bool               `json:"compressed"`
 	CRIU         map[string]float64 `json:"criu,omitempty"`
@@ -122,6 +124,7 @@ func Ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 const (
 	MsgPrepare  = "prepare"  // S→D Prepare
 	MsgPrepared = "prepared" // D→S {}
+	MsgFrozen   = "frozen"   // S→D {}: the source freezes now; D takes the traffic and holds it
 	MsgRestored = "restored" // D→S Restored (after the image and layer streams)
 	MsgCommit   = "commit"   // S→D {}: S has given the service up; D switches the network
 	MsgSwitched = "switched" // D→S Switched
@@ -148,6 +151,9 @@ type Prepare struct {
 // Restored reports the destination's restore.
 type Restored struct {
 	RestoreMs float64            `json:"restore_ms"`
+	NetworkMs float64            `json:"network_ms"` // the switch, done while the source dumped
+	Held      int                `json:"held"`       // packets held during the downtime and delivered
+	RecvMs    float64            `json:"recv_ms"`    // receiving images and layer
 	CRIU      map[string]float64 `json:"criu,omitempty"`
 }
 

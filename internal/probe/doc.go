@@ -15,7 +15,8 @@
 //
 // The server half runs inside containers that CRIU checkpoints and restores
 // with --tcp-established, so it uses plain blocking I/O per connection, no
-// timers, no deadlines and no wall clock, and writes nothing after its
-// startup line. The client half runs on the test side; it must not touch
+// timers, no deadlines and no wall clock, writes nothing after its
+// startup line, and listens with plain TCP (Listen), never Go's default
+// MPTCP, which CRIU cannot dump. The client half runs on the test side; it must not touch
 // namespaces itself (callers pass a Dialer or run it inside one).
 package probe

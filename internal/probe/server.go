@@ -108,3 +108,13 @@ func serveConn(c net.Conn) {
 		}
 	}
 }
+
+// Listen opens the server's TCP listener on addr (":7000" for every
+// address). Since Go 1.24 listeners use MPTCP by default, and CRIU cannot
+// checkpoint MPTCP sockets ("Unsupported proto 262"), so Listen asks for
+// plain TCP.
+func Listen(ctx context.Context, addr string) (net.Listener, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	return lc.Listen(ctx, "tcp", addr)
+}

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -219,6 +220,15 @@ func compareTrees(t *testing.T, want, got string) {
 		}
 		if wi.Mode()&fs.ModeSymlink == 0 && wi.Mode()&modeMask != gi.Mode()&modeMask {
 			t.Errorf("%s: mode %v, want %v", rel, gi.Mode(), wi.Mode())
+		}
+		if wi.Mode()&fs.ModeSymlink == 0 && !wi.ModTime().Equal(gi.ModTime()) {
+			t.Errorf("%s: mtime %v, want %v", rel, gi.ModTime(), wi.ModTime())
+		}
+		if os.Geteuid() == 0 {
+			ws, gs := wi.Sys().(*syscall.Stat_t), gi.Sys().(*syscall.Stat_t)
+			if ws.Uid != gs.Uid || ws.Gid != gs.Gid {
+				t.Errorf("%s: owner %d:%d, want %d:%d", rel, gs.Uid, gs.Gid, ws.Uid, ws.Gid)
+			}
 		}
 		switch {
 		case wi.Mode()&fs.ModeSymlink != 0:

@@ -73,6 +73,16 @@ type SendOptions struct {
 	// Depth is how many chunks reading may run ahead of sending; zero
 	// means DefaultDepth.
 	Depth int
+	// Overlay makes SendDir copy a tree with everything an overlayfs upper
+	// layer needs to round-trip exactly: character and block device nodes
+	// (whiteouts are character devices 0:0), FIFOs and sockets, hard links
+	// (each inode sent once, linked again on the receiver) and extended
+	// attributes (trusted.*, user.*, security.capability and POSIX ACLs,
+	// so opaque directories and overlayfs' other markers survive).
+	// Without it SendDir refuses special files and sends each hard link
+	// as a separate file. The receiver needs no setting; it creates device
+	// nodes and trusted.* attributes only when it runs as root.
+	Overlay bool
 }
 
 func (o SendOptions) withDefaults() (SendOptions, error) {
@@ -114,6 +124,10 @@ type Stats struct {
 	// Files, Dirs and Symlinks count directory entries, the root included
 	// in Dirs. A single-object stream has none.
 	Files, Dirs, Symlinks int64
+	// Specials counts device nodes (whiteouts included), FIFOs and
+	// sockets; Hardlinks counts names that were sent as links to an
+	// earlier entry. Both stay zero without SendOptions.Overlay.
+	Specials, Hardlinks int64
 	// PayloadBytes is the content moved: file or object bytes before
 	// compression, holes included.
 	PayloadBytes int64
@@ -149,7 +163,7 @@ func (s Stats) Goodput() float64 {
 
 // String summarises s on one line for logs.
 func (s Stats) String() string {
-	return fmt.Sprintf("%d files, %d dirs, %d symlinks, %d payload bytes, %d wire bytes, %d chunks (%d compressed, %d zero), %v, %.1f MB/s",
-		s.Files, s.Dirs, s.Symlinks, s.PayloadBytes, s.WireBytes, s.Chunks, s.CompressedChunks, s.ZeroChunks,
+	return fmt.Sprintf("%d files, %d dirs, %d symlinks, %d specials, %d hard links, %d payload bytes, %d wire bytes, %d chunks (%d compressed, %d zero), %v, %.1f MB/s",
+		s.Files, s.Dirs, s.Symlinks, s.Specials, s.Hardlinks, s.PayloadBytes, s.WireBytes, s.Chunks, s.CompressedChunks, s.ZeroChunks,
 		s.Duration.Round(time.Microsecond), s.Goodput()/1e6)
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/klauspost/compress/zstd"
 )
 
@@ -29,6 +31,13 @@ type sink interface {
 // must not exist (its parent is created if missing). The tree is built in a
 // temporary sibling directory and renamed to dstDir only after the
 // sender's summary matched; on any error nothing is left behind.
+//
+// Entries get the sender's modes and modification times, and its owners
+// when this process runs as root (as tar does). Special files, hard links
+// and extended attributes from a SendOptions.Overlay stream are recreated
+// (mknod, link, lsetxattr); device nodes and trusted.* attributes need
+// root, and without it the stream fails. If dstDir exists, RecvDir fails
+// before reading anything.
 //
 // Paths that are absolute, not clean, leave the tree ("..") or pass
 // through anything but a directory received earlier in the same stream
@@ -153,6 +162,10 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 				st.Files++
 			case entrySymlink:
 				st.Symlinks++
+			case entryCharDev, entryBlockDev, entryFIFO, entrySocket:
+				st.Specials++
+			case entryHardlink:
+				st.Hardlinks++
 			}
 			if err := s.entry(e); err != nil {
 				return hdr, st, c.failReadLocked(ctx, err)
@@ -258,11 +271,12 @@ func checkPath(p string) error {
 // Directories are created 0700 and get their metadata last, children
 // first (a read-only directory must still receive its files, and writing a
 // child changes its parent's mtime); files are written 0600 and get theirs
-// when complete.
+// when complete; other entries get theirs at once.
 type dirSink struct {
 	root    string
 	dirs    map[string]entry // received directories by path, "." included
 	order   []string         // dirs in creation order
+	nondirs map[string]bool  // received non-directories: hard link targets
 	file    *fileSink        // the file being written, if any
 	fileEnt entry            // its entry
 	gotRoot bool
@@ -270,13 +284,15 @@ type dirSink struct {
 }
 
 func newDirSink(root string) *dirSink {
-	return &dirSink{root: root, dirs: map[string]entry{}, chown: os.Geteuid() == 0}
+	return &dirSink{root: root, dirs: map[string]entry{}, nondirs: map[string]bool{}, chown: os.Geteuid() == 0}
 }
 
 func (d *dirSink) full(p string) string { return filepath.Join(d.root, filepath.FromSlash(p)) }
 
-// applyMeta gives a file or directory its owner, mode and mtime, in that
-// order (chown clears setuid and setgid bits).
+// applyMeta gives an entry its owner, extended attributes, mode and mtime,
+// in that order: chown clears setuid, setgid and security.capability, and
+// user.* attributes need write permission that the final mode may deny.
+// Symlinks have no mode of their own.
 func (d *dirSink) applyMeta(e entry) error {
 	full := d.full(e.Path)
 	if d.chown {
@@ -284,11 +300,18 @@ func (d *dirSink) applyMeta(e entry) error {
 			return err
 		}
 	}
-	if err := os.Chmod(full, os.FileMode(e.Mode)); err != nil {
-		return err
+	for _, name := range slices.Sorted(maps.Keys(e.Xattrs)) {
+		if err := linux.Lsetxattr(full, name, e.Xattrs[name]); err != nil {
+			return err
+		}
+	}
+	if e.Type != entrySymlink {
+		if err := os.Chmod(full, os.FileMode(e.Mode)); err != nil {
+			return err
+		}
 	}
 	t := time.Unix(0, e.MTime)
-	return os.Chtimes(full, t, t)
+	return linux.Lutimes(full, t, t)
 }
 
 func (d *dirSink) entry(e entry) error {
@@ -303,6 +326,14 @@ func (d *dirSink) entry(e entry) error {
 	}
 	if e.UID < 0 || e.GID < 0 {
 		return fmt.Errorf("%w: %s: negative owner %d:%d", ErrProtocol, e.Path, e.UID, e.GID)
+	}
+	for name := range e.Xattrs {
+		if !keepXattr(name) {
+			return fmt.Errorf("%w: %s: extended attribute %q not carried by streams", ErrProtocol, e.Path, name)
+		}
+	}
+	if (e.Major != 0 || e.Minor != 0) && e.Type != entryCharDev && e.Type != entryBlockDev {
+		return fmt.Errorf("%w: %s: device numbers on a %s", ErrProtocol, e.Path, e.Type)
 	}
 	if !d.gotRoot {
 		if e.Path != "." || e.Type != entryDir {
@@ -334,6 +365,7 @@ func (d *dirSink) entry(e entry) error {
 			return err
 		}
 		d.file, d.fileEnt = &fileSink{f: f}, e
+		d.nondirs[e.Path] = true
 	case entrySymlink:
 		if e.Target == "" || strings.IndexByte(e.Target, 0) >= 0 {
 			return fmt.Errorf("%w: %s: bad symlink target %q", ErrProtocol, e.Path, e.Target)
@@ -341,9 +373,27 @@ func (d *dirSink) entry(e entry) error {
 		if err := os.Symlink(e.Target, full); err != nil {
 			return err
 		}
-		if d.chown {
-			return os.Lchown(full, e.UID, e.GID)
+		d.nondirs[e.Path] = true
+		return d.applyMeta(e)
+	case entryCharDev, entryBlockDev, entryFIFO, entrySocket:
+		if err := linux.Mknod(full, specialTypes[e.Type], 0o600, e.Major, e.Minor); err != nil {
+			return fmt.Errorf("create %s: %w", e.Type, err)
 		}
+		d.nondirs[e.Path] = true
+		return d.applyMeta(e)
+	case entryHardlink:
+		// The target is an earlier non-directory of this tree, so the link
+		// can neither leave it nor replace anything.
+		if err := checkPath(e.Target); err != nil {
+			return fmt.Errorf("hard link %s: %w", e.Path, err)
+		}
+		if !d.nondirs[e.Target] {
+			return fmt.Errorf("%w: hard link %s to %q, which is not a non-directory received before it", ErrUnsafePath, e.Path, e.Target)
+		}
+		if err := os.Link(d.full(e.Target), full); err != nil {
+			return err
+		}
+		d.nondirs[e.Path] = true
 	default:
 		return fmt.Errorf("%w: %s: unknown entry type %q", ErrProtocol, e.Path, e.Type)
 	}

@@ -13,15 +13,18 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/klauspost/compress/zstd"
 )
 
-// SendDir sends the directory tree at srcDir (regular files, directories
-// and symlinks, with their permission bits; hard links arrive as separate
-// files) as one stream, for RecvDir on the other side. Files are read ahead
-// of the network by a pipeline of opts.Depth chunks. A file that cannot be
-// read aborts the stream: the receiver gets ErrAborted, and the connection
-// stays usable.
+// SendDir sends the directory tree at srcDir as one stream, for RecvDir on
+// the other side: regular files, directories and symlinks with permission
+// bits, owners and modification times. With opts.Overlay it also sends
+// special files, hard links and extended attributes (see
+// SendOptions.Overlay); without it a special file aborts the stream and
+// hard links arrive as separate files. Files are read ahead of the network
+// by a pipeline of opts.Depth chunks. A file that cannot be read aborts the
+// stream: the receiver gets ErrAborted, and the connection stays usable.
 func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (Stats, error) {
 	root, err := filepath.EvalSymlinks(srcDir)
 	if err != nil {
@@ -35,7 +38,7 @@ func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (St
 		return Stats{}, fmt.Errorf("send dir %s: not a directory", srcDir)
 	}
 	st, err := c.sendStream(ctx, streamHeader{Kind: streamDir}, opts, func(p *producer) error {
-		return p.walk(root)
+		return p.walk(root, opts.Overlay)
 	})
 	if err != nil {
 		return st, fmt.Errorf("send dir %s: %w", srcDir, err)
@@ -268,6 +271,7 @@ func newProducer(ctx context.Context, out chan<- item, opts SendOptions, enc *zs
 // fill copies the producer's accounting into st. Call after it finished.
 func (p *producer) fill(st *Stats) {
 	st.Files, st.Dirs, st.Symlinks = p.st.Files, p.st.Dirs, p.st.Symlinks
+	st.Specials, st.Hardlinks = p.st.Specials, p.st.Hardlinks
 	st.PayloadBytes = p.st.PayloadBytes
 	st.Chunks, st.CompressedChunks, st.ZeroChunks = p.st.Chunks, p.st.CompressedChunks, p.st.ZeroChunks
 	st.Compressed = p.st.CompressedChunks > 0
@@ -327,8 +331,13 @@ func (p *producer) sendEntry(e entry) error {
 	return p.sendControl(kindEntry, payload)
 }
 
-// walk sends the tree under root in lexical order, parents first.
-func (p *producer) walk(root string) error {
+// fileID identifies an inode, to send each hard-linked one once.
+type fileID struct{ dev, ino uint64 }
+
+// walk sends the tree under root in lexical order, parents first. With
+// overlay it also sends special files, hard links and extended attributes.
+func (p *producer) walk(root string, overlay bool) error {
+	links := map[fileID]string{} // first path of each inode with more than one link
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -346,8 +355,22 @@ func (p *producer) walk(root string) error {
 			return err
 		}
 		e := entry{Path: rel, Mode: uint32(info.Mode() & modeMask), MTime: info.ModTime().UnixNano()}
-		if sys, ok := info.Sys().(*syscall.Stat_t); ok {
+		sys, _ := info.Sys().(*syscall.Stat_t)
+		if sys != nil {
 			e.UID, e.GID = int(sys.Uid), int(sys.Gid)
+		}
+		if overlay {
+			if sys != nil && !d.IsDir() && sys.Nlink > 1 {
+				id := fileID{dev: sys.Dev, ino: sys.Ino}
+				if first, ok := links[id]; ok {
+					p.st.Hardlinks++
+					return p.sendEntry(entry{Path: rel, Type: entryHardlink, Target: first})
+				}
+				links[id] = rel
+			}
+			if e.Xattrs, err = linux.Lxattrs(path, keepXattr); err != nil {
+				return err
+			}
 		}
 		switch {
 		case d.IsDir():
@@ -377,10 +400,27 @@ func (p *producer) walk(root string) error {
 				return fmt.Errorf("read %s: %w", path, err)
 			}
 			return nil
+		case overlay && sys != nil && specialType(d.Type()) != "":
+			e.Type = specialType(d.Type())
+			if d.Type()&fs.ModeDevice != 0 {
+				e.Major, e.Minor = linux.DeviceNumbers(sys.Rdev)
+			}
+			p.st.Specials++
+			return p.sendEntry(e)
 		default:
 			return fmt.Errorf("%s: unsupported file type %v", path, d.Type())
 		}
 	})
+}
+
+// specialType returns the entry type of a special file's type bits, or "".
+func specialType(t fs.FileMode) string {
+	for name, bits := range specialTypes {
+		if t.Type() == bits {
+			return name
+		}
+	}
+	return ""
 }
 
 // minFlush is how much a short read must have gathered before its chunk

@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/binary"
 	"fmt"
+	"io/fs"
 	"os"
+	"strings"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -24,12 +26,26 @@ type streamHeader struct {
 	Mode uint32 `json:"mode,omitempty"`
 }
 
-// Entry types in entry.Type.
+// Entry types in entry.Type. Streams sent with SendOptions.Overlay may also
+// carry the special files and hard links after entrySymlink.
 const (
-	entryDir     = "dir"
-	entryFile    = "file"
-	entrySymlink = "symlink"
+	entryDir      = "dir"
+	entryFile     = "file"
+	entrySymlink  = "symlink"
+	entryCharDev  = "chardev" // an overlayfs whiteout is chardev 0:0
+	entryBlockDev = "blockdev"
+	entryFIFO     = "fifo"
+	entrySocket   = "socket"
+	entryHardlink = "hardlink" // Target names an earlier non-directory entry
 )
+
+// specialTypes maps the special-file entry types to their file type bits.
+var specialTypes = map[string]fs.FileMode{
+	entryCharDev:  fs.ModeDevice | fs.ModeCharDevice,
+	entryBlockDev: fs.ModeDevice,
+	entryFIFO:     fs.ModeNamedPipe,
+	entrySocket:   fs.ModeSocket,
+}
 
 // entry describes one directory-tree member. Data frames that follow a
 // file entry are that file's content, up to the next entry or the end.
@@ -39,14 +55,34 @@ type entry struct {
 	Path string `json:"path"`
 	Type string `json:"type"`
 	// Mode holds permission, setuid, setgid and sticky bits (os.FileMode).
-	Mode   uint32 `json:"mode"`
+	Mode uint32 `json:"mode"`
+	// Target is a symlink's target, or for a hard link the path of the
+	// entry it links to.
 	Target string `json:"target,omitempty"`
 	// UID and GID own the entry; a receiver running as root applies them.
 	UID int `json:"uid"`
 	GID int `json:"gid"`
-	// MTime is the modification time in Unix nanoseconds (not applied to
-	// symlinks).
+	// MTime is the modification time in Unix nanoseconds.
 	MTime int64 `json:"mtime"`
+	// Major and Minor number a device node.
+	Major uint32 `json:"major,omitempty"`
+	Minor uint32 `json:"minor,omitempty"`
+	// Xattrs holds the extended attributes keepXattr selects (Overlay
+	// streams only).
+	Xattrs map[string][]byte `json:"xattrs,omitempty"`
+}
+
+// keepXattr selects the extended attributes an Overlay stream carries:
+// overlayfs' own (trusted.overlay.*, or user.overlay.* when mounted with
+// userxattr), every other trusted.* and user.* attribute, file
+// capabilities and POSIX ACLs. Others (security.selinux and the like)
+// describe the sending host's policy, not the layer.
+func keepXattr(name string) bool {
+	switch name {
+	case "security.capability", "system.posix_acl_access", "system.posix_acl_default":
+		return true
+	}
+	return strings.HasPrefix(name, "trusted.") || strings.HasPrefix(name, "user.")
 }
 
 const modeMask = os.ModePerm | os.ModeSetuid | os.ModeSetgid | os.ModeSticky
@@ -56,6 +92,8 @@ type summary struct {
 	Files    int64  `json:"files"`
 	Dirs     int64  `json:"dirs"`
 	Symlinks int64  `json:"symlinks"`
+	Specials int64  `json:"specials,omitempty"`
+	Links    int64  `json:"hardlinks,omitempty"`
 	Bytes    int64  `json:"bytes"`
 	Chunks   int64  `json:"chunks"`
 	Digest   string `json:"digest"`
@@ -64,6 +102,7 @@ type summary struct {
 func summaryOf(s Stats) summary {
 	return summary{
 		Files: s.Files, Dirs: s.Dirs, Symlinks: s.Symlinks,
+		Specials: s.Specials, Links: s.Hardlinks,
 		Bytes: s.PayloadBytes, Chunks: s.Chunks,
 		Digest: fmt.Sprintf("%016x", s.Digest),
 	}

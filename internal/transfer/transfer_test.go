@@ -69,8 +69,26 @@ func oddTree(t *testing.T) string {
 	if err := os.Mkdir(filepath.Join(src, "sticky"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.Chmod(filepath.Join(src, "sticky"), 0o1777); err != nil {
+	if err := os.Chmod(filepath.Join(src, "sticky"), 0o777|os.ModeSticky); err != nil {
 		t.Fatal(err)
+	}
+	// Owners other than the test's (applied when the receiver is root) and
+	// old modification times, on a file, a directory and a symlink.
+	if os.Geteuid() == 0 {
+		for _, p := range []string{"exec.sh", "a/b", "link-rel"} {
+			if err := os.Lchown(filepath.Join(src, p), 1234, 5678); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.Chmod(filepath.Join(src, "exec.sh"), 0o751|os.ModeSetuid); err != nil { // setuid survives chown order
+			t.Fatal(err)
+		}
+	}
+	old := time.Date(2020, 1, 2, 3, 4, 5, 6000, time.UTC)
+	for _, p := range []string{"tiny", "a/b", "a"} {
+		if err := os.Chtimes(filepath.Join(src, p), old, old); err != nil {
+			t.Fatal(err)
+		}
 	}
 	t.Cleanup(func() { os.Chmod(filepath.Join(src, "ro"), 0o755) })
 	return src
@@ -295,6 +313,12 @@ func TestUnsafePathsRejected(t *testing.T) {
 		{"through symlink", []entry{root, {Path: "l", Type: entrySymlink, Target: outside}, file("l/x")}},
 		{"under a file", []entry{root, file("f"), file("f/x")}},
 		{"parent not sent", []entry{root, file("missing/x")}},
+		{"hard link leaving", []entry{root, {Path: "h", Type: entryHardlink, Target: "../x"}}},
+		{"hard link absolute", []entry{root, {Path: "h", Type: entryHardlink, Target: "/etc/hostname"}}},
+		{"hard link to dir", []entry{root, {Path: "a", Type: entryDir, Mode: 0o755}, {Path: "h", Type: entryHardlink, Target: "a"}}},
+		{"hard link to root", []entry{root, {Path: "h", Type: entryHardlink, Target: "."}}},
+		{"hard link not sent", []entry{root, {Path: "h", Type: entryHardlink, Target: "later"}, file("later")}},
+		{"hard link through symlink", []entry{root, {Path: "l", Type: entrySymlink, Target: outside}, {Path: "h", Type: entryHardlink, Target: "l/x"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

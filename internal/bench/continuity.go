@@ -1,0 +1,337 @@
+package bench
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os/exec"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/image"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/testbed"
+)
+
+// Config describes one continuity benchmark.
+type Config struct {
+	Root        string // testbed state root
+	Binary      string // edgehop binary the testbed's agents run
+	ImageRoot   string // OCI image cache ("" = image.DefaultRoot)
+	ProbeBinary string // static probe binary, used only when the probe image must be built
+	Name        string // testbed name; "" picks a fresh one
+
+	Strategy migration.Strategy
+	Runs     int
+	Pause    time.Duration // between migrations
+	Window   time.Duration // a run's gap window extends this long past its migration request
+
+	NodeLink   testbed.Link
+	ClientLink testbed.Link
+
+	Baseline bool  // also measure the podman path
+	Sweep    bool  // run the state-size sweep
+	SizesMB  []int // sweep sizes
+
+	Log *slog.Logger
+}
+
+// DefaultConfig returns the benchmark the issue describes: 10 migrations
+// each way-and-back on 1 Gbit/s, 1 ms node links, against podman.
+func DefaultConfig() Config {
+	return Config{
+		ImageRoot: image.DefaultRoot, Strategy: migration.StopAndCopy, Runs: 10,
+		Pause: 300 * time.Millisecond, Window: 250 * time.Millisecond,
+		NodeLink:   testbed.Link{RateBps: 1_000_000_000, Delay: time.Millisecond},
+		ClientLink: testbed.Link{RateBps: 1_000_000_000, Delay: time.Millisecond},
+		Baseline:   true, SizesMB: []int{10, 100, 1000},
+	}
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	if c.Root == "" || c.Binary == "" {
+		errs = append(errs, errors.New("testbed root and edgehop binary are required"))
+	}
+	if _, err := migration.ParseStrategy(string(c.Strategy)); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Runs < 1 || c.Runs > 1000 {
+		errs = append(errs, fmt.Errorf("runs %d outside 1..1000", c.Runs))
+	}
+	if c.Pause < 0 || c.Window < 0 || c.Window > c.Pause {
+		errs = append(errs, fmt.Errorf("window %v must be between 0 and the pause %v (windows must not overlap)", c.Window, c.Pause))
+	}
+	for _, l := range []testbed.Link{c.NodeLink, c.ClientLink} {
+		if err := l.Validate(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for _, s := range c.SizesMB {
+		if s < 1 || s > 64_000 {
+			errs = append(errs, fmt.Errorf("sweep size %d MB outside 1..64000", s))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Names inside the benchmark's testbed.
+const (
+	probeName  = "probe"              // the edgehop-managed probe container
+	probePort  = "7000"               // the probe's port (the image's default)
+	podmanIP   = "10.200.250.10"      // the podman container's overlay address, outside every node's range
+	redisPort  = "6379"               //
+	redisValue = 100_000              // bytes per redis value in the sweep
+	nodeA      = 0                    // index of the first node
+	nodeB      = 1                    // index of the second node
+	tbPrefix   = "bc"                 // testbed names: bc + 8 hex digits
+	ulimitNo   = "nofile=16384:16384" // podman: explicit limits, root here lacks CAP_SYS_RESOURCE
+	ulimitProc = "nproc=4096:4096"    //
+	redisCmd   = "redis-server --port 6379 --bind 0.0.0.0 --protected-mode no --save '' --appendonly no"
+)
+
+func redisArgs() []string {
+	return []string{"redis-server", "--port", redisPort, "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"}
+}
+
+// env is a benchmark's running testbed.
+type env struct {
+	cfg    Config
+	log    *slog.Logger
+	st     *testbed.State
+	agents map[string]*api.Client // every agent, core included, by node name
+	client nsDialer
+}
+
+func (e *env) node(i int) testbed.Member { return e.st.Nodes[i] }
+
+// Run brings up a testbed, measures edgehop and (when cfg.Baseline) the
+// podman path on it, runs the sweep when asked, tears the testbed down
+// whatever happens, and returns the report. A baseline that cannot run
+// here is reported as unavailable with its reason, not as an error.
+func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("bench config: %w", err)
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	started := time.Now()
+	if err := ensureImage(ctx, cfg, image.Probe); err != nil {
+		return nil, err
+	}
+	if cfg.Sweep {
+		if err := ensureImage(ctx, cfg, image.Services); err != nil {
+			return nil, err
+		}
+	}
+	name := cfg.Name
+	if name == "" {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		name = tbPrefix + hex.EncodeToString(b)
+	}
+	spec := testbed.Spec{Name: name,
+		Nodes:   []testbed.Endpoint{{Name: "node0", Link: cfg.NodeLink}, {Name: "node1", Link: cfg.NodeLink}},
+		Clients: []testbed.Endpoint{{Name: "client0", Link: cfg.ClientLink}}}
+	log.Info("testbed up", "name", name)
+	st, err := testbed.Up(ctx, spec, testbed.Options{Root: cfg.Root, Binary: cfg.Binary, ImageRoot: cfg.ImageRoot, Log: log})
+	if err != nil {
+		return nil, fmt.Errorf("testbed up: %w", err)
+	}
+	defer func() {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		if derr := testbed.Down(dctx, cfg.Root, name, log); derr != nil {
+			err = errors.Join(err, derr)
+		}
+	}()
+	e := &env{cfg: cfg, log: log, st: st, agents: map[string]*api.Client{"core": api.NewUnixClient(st.Core.Socket)},
+		client: nsDialer{ns: st.Clients[0].NetNSPath}}
+	for _, n := range st.Nodes {
+		e.agents[n.Name] = api.NewUnixClient(n.Socket)
+	}
+
+	rep = &Report{Strategy: string(cfg.Strategy), Started: started.UTC(),
+		Testbed: TestbedInfo{Name: name, NodeRateBps: cfg.NodeLink.RateBps, NodeDelayMs: ms(cfg.NodeLink.Delay),
+			ClientRateBps: cfg.ClientLink.RateBps, ClientDelayMs: ms(cfg.ClientLink.Delay)},
+		Workload: Workload{PeriodMs: ms(probePeriod), LineBytes: probeLineSize, Connections: 1, PauseMs: ms(cfg.Pause), WindowMs: ms(cfg.Window)}}
+
+	log.Info("edgehop runs", "runs", cfg.Runs, "strategy", cfg.Strategy)
+	side, err := e.edgehopContinuity(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("edgehop %s: %w", cfg.Strategy, err)
+	}
+	rep.Side = side
+
+	var pm *podman
+	var perr error
+	if cfg.Baseline || cfg.Sweep {
+		if pm, perr = newPodman(ctx, e); perr == nil {
+			defer func() { err = errors.Join(err, pm.close()) }()
+		}
+	}
+	switch {
+	case !cfg.Baseline:
+		rep.Baseline = Side{Path: "podman checkpoint/restore", Reason: "not requested"}
+	case perr != nil:
+		rep.Baseline = Side{Path: "podman checkpoint/restore", Reason: perr.Error()}
+	default:
+		log.Info("podman runs", "runs", cfg.Runs)
+		b, err := pm.continuity(ctx)
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		if err != nil {
+			b = Side{Path: pm.path(), Reason: err.Error()}
+		}
+		rep.Baseline = b
+	}
+	if rep.Baseline.Available {
+		rep.Ratio = Ratio(rep.Baseline.GapMs.P50, rep.GapMs.P50)
+		rep.DowntimeRatio = Ratio(rep.Baseline.DowntimeMs.P50, rep.DowntimeMs.P50)
+	}
+
+	if cfg.Sweep {
+		rows, err := e.sweep(ctx, pm, perr)
+		if err != nil {
+			return nil, fmt.Errorf("sweep: %w", err)
+		}
+		rep.Sweep = rows
+	}
+	rep.Goals = goals(rep)
+	rep.Notes = notes(rep)
+	rep.ElapsedS = time.Since(started).Seconds()
+	return rep, nil
+}
+
+// ensureImage builds a built-in image when the cache lacks it.
+func ensureImage(ctx context.Context, cfg Config, name string) error {
+	if _, err := image.Resolve(cfg.ImageRoot, name); err == nil {
+		return nil
+	}
+	_, err := image.Build(ctx, name, image.BuildOptions{Root: cfg.ImageRoot, ProbeBinary: cfg.ProbeBinary, Logger: cfg.Log})
+	if err != nil {
+		return fmt.Errorf("image %s missing and could not be built: %w", name, err)
+	}
+	return nil
+}
+
+// edgehopContinuity runs the probe under edgehop and migrates it back and
+// forth cfg.Runs times.
+func (e *env) edgehopContinuity(ctx context.Context) (Side, error) {
+	side := Side{Path: "edgehop " + string(e.cfg.Strategy)}
+	loc := e.node(nodeA).Name
+	c, err := e.agents[loc].Run(ctx, api.RunRequest{Name: probeName, Image: image.Probe, Args: []string{probePort}})
+	if err != nil {
+		return side, fmt.Errorf("run probe: %w", err)
+	}
+	addr := net.JoinHostPort(c.IP, probePort)
+	if err := waitListening(ctx, e.client, addr, 10*time.Second); err != nil {
+		return side, err
+	}
+	pr := newProber(addr, e.client)
+	pr.start(ctx)
+	stopped := false
+	defer func() {
+		if !stopped {
+			_, _ = pr.stop()
+		}
+	}()
+	if err := sleep(ctx, e.cfg.Pause); err != nil {
+		return side, err
+	}
+	var runs []Migration
+	for i := 0; i < e.cfg.Runs; i++ {
+		to := e.node(nodeA).Name
+		if loc == to {
+			to = e.node(nodeB).Name
+		}
+		r := Migration{Index: i, From: loc, To: to, start: time.Now()}
+		var res migration.Result
+		merr := e.agents[loc].Migrate(ctx, probeName, api.MigrateRequest{To: to, Strategy: string(e.cfg.Strategy)}, &res)
+		r.end = time.Now()
+		if ctx.Err() != nil {
+			return side, ctx.Err()
+		}
+		switch {
+		case merr != nil: // refused before starting (e.g. an unavailable strategy) or agent unreachable
+			return side, fmt.Errorf("migration %d %s -> %s: %w", i, r.From, to, merr)
+		case res.OK:
+			loc = to
+		case !res.RolledBack:
+			return side, fmt.Errorf("migration %d %s -> %s failed without rollback (service lost): %s", i, r.From, to, res.Error)
+		}
+		r.OK, r.Error = res.OK, res.Error
+		r.DowntimeMs, r.TotalMs, r.PhasesMs, r.BytesOnWire, r.CRIU = res.DowntimeMs, res.TotalMs, res.PhasesMs, res.BytesOnWire, res.CRIU
+		rec, err := pr.recovered(ctx, r.end, recoverTimeout)
+		r.Reconnected = rec
+		if err != nil {
+			return side, fmt.Errorf("after migration %d: %w", i, err)
+		}
+		runs = append(runs, r)
+		e.log.Info("edgehop migration", "run", i, "to", to, "ok", r.OK, "downtime_ms", r.DowntimeMs)
+		if err := sleep(ctx, e.cfg.Pause); err != nil {
+			return side, err
+		}
+	}
+	obs, err := pr.stop()
+	stopped = true
+	if err != nil {
+		return side, err
+	}
+	side = summarize(side, runs, obs, e.cfg.Window)
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancel()
+	if err := e.agents[loc].Remove(rctx, probeName); err != nil {
+		e.log.Warn("remove probe", "err", err)
+	}
+	return side, nil
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// notes are the caveats a reader of the numbers needs.
+func notes(r *Report) []string {
+	n := []string{
+		"gap: longest interval without a probe reply (one TCP connection, a 64-byte request every 5 ms from the client namespace) overlapping the migration request and the window after it",
+		"downtime: edgehop = freeze to network switched, as its agents record it; podman = start of 'podman container checkpoint' to the FDB switch after 'podman container restore'",
+		"lost_bytes: request bytes that got no correct reply (unanswered when a connection ended, or answered with a wrong byte count/CRC)",
+	}
+	if r.Baseline.Available {
+		n = append(n,
+			"podman path: checkpoint --tcp-established --export (podman's default zstd archive) on a tmpfs, the archive sent node to node over the shaped link by a plain TCP copy, restore --tcp-established --import into a namespace with the same IP/MAC and CRIU's lock chain prepared before the freeze, then the same FDB switch edgehop uses",
+			"podman's image and container storage is host-global: the destination never fetches the image (a shortcut a real second host would not get); the source container is removed ('rm' phase, overlapping the transfer) because podman cannot restore --tcp-established under a new name",
+		)
+	}
+	for _, s := range []Side{r.Side, r.Baseline} {
+		if s.Available && s.Resets+s.ConnErrors > 0 {
+			n = append(n, fmt.Sprintf("%s: the probe connection broke (%d resets, %d other errors); a new connection was opened after the migration, and the gap runs until its first reply", s.Path, s.Resets, s.ConnErrors))
+		}
+	}
+	return n
+}
+
+// lookPodman reports whether podman is installed.
+func lookPodman() error {
+	if _, err := exec.LookPath("podman"); err != nil {
+		return fmt.Errorf("podman not installed: %w", err)
+	}
+	return nil
+}

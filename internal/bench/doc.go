@@ -1,0 +1,20 @@
+// Package bench runs edgehop's benchmarks against the tool a user would
+// pick today, in the same run, on a testbed it brings up and always tears
+// down.
+//
+// The continuity benchmark migrates the continuity probe back and forth
+// between two nodes of a shaped testbed, once with edgehop's agents and
+// once with `podman container checkpoint --export` / `podman container
+// restore --import` (the tarball shipped over the same shaped link, the
+// same overlay address, MAC and CRIU lock chain), and reports what a
+// client saw: the longest interval without a reply, resets and lost
+// bytes, beside each migration's downtime and phases. The sweep does the
+// same once per state size with a redis holding that much data.
+//
+// The aggregation (percentiles, gap extraction from a probe timeline,
+// ratios) is pure and tested on its own; everything else is I/O at the
+// edge. Every number a Report holds is measured in the run that produced
+// it. The package does not print: callers render a Report (WriteText or
+// JSON). It must not leave anything behind on the machine except the
+// podman image tags it adds to podman's host-global storage.
+package bench

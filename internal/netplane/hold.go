@@ -1,0 +1,135 @@
+package netplane
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	nfqueue "github.com/florianl/go-nfqueue/v2"
+)
+
+// holdQueue is the NFQUEUE number used inside a container's namespace
+// (queue numbers are per namespace).
+const holdQueue = 0
+
+// Holder keeps every packet that arrives for a migrating service in the
+// kernel, unverdicted, until the service is restored, then lets them all
+// through at once: the client's retransmissions are answered the moment
+// the service is back instead of after its next, backed-off retransmission
+// timeout (CRIU's lock chain would drop them). Safe for concurrent use.
+type Holder struct {
+	ns     string
+	nf     *nfqueue.Nfqueue
+	cancel context.CancelFunc
+
+	mu   sync.Mutex // guards ids and done
+	ids  []uint32   // held packets in arrival order
+	done bool
+}
+
+// Hold starts holding packets that enter the namespace at nsPath on eth0.
+// The rule sits in mangle PREROUTING, before CRIU's lock chain in filter
+// INPUT, so held packets meet the chain only if released while it is
+// still there.
+func Hold(nsPath string) (*Holder, error) {
+	ns, err := linux.OpenNetNS(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	h := &Holder{ns: nsPath}
+	cfg := &nfqueue.Config{
+		NfQueue:     holdQueue,
+		MaxQueueLen: 65536,
+		Copymode:    nfqueue.NfQnlCopyMeta,
+		Flags:       nfqueue.NfQaCfgFlagGSO,
+		AfFamily:    syscall.AF_INET,
+		NetNS:       int(ns),
+	}
+	if h.nf, err = nfqueue.Open(cfg); err != nil {
+		return nil, fmt.Errorf("hold: open nfqueue: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	err = h.nf.RegisterWithErrorFunc(ctx, func(a nfqueue.Attribute) int {
+		if a.PacketID == nil {
+			return 0
+		}
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if h.done {
+			_ = h.nf.SetVerdict(*a.PacketID, nfqueue.NfAccept)
+			return 0
+		}
+		h.ids = append(h.ids, *a.PacketID)
+		return 0
+	}, func(err error) int {
+		if ctx.Err() != nil {
+			return 1
+		}
+		return 0
+	})
+	if err != nil {
+		cancel()
+		return nil, errors.Join(fmt.Errorf("hold: register: %w", err), h.nf.Close())
+	}
+	if err := holdRule(nsPath, "-A"); err != nil {
+		cancel()
+		return nil, errors.Join(err, h.nf.Close())
+	}
+	return h, nil
+}
+
+func holdRule(nsPath, op string) error {
+	out, err := linux.Command(nsPath, "iptables", "-w", "-t", "mangle", op, "PREROUTING", "-i", "eth0",
+		"-j", "NFQUEUE", "--queue-num", fmt.Sprint(holdQueue), "--queue-bypass").CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("hold rule %s: %v: %s", op, err, bytes.TrimSpace(out))
+	}
+	return nil
+}
+
+// Held is the number of packets held so far.
+func (h *Holder) Held() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.ids)
+}
+
+// Release lets every held packet through, in arrival order, and stops
+// holding. It returns how many were held.
+func (h *Holder) Release() (int, error) {
+	h.mu.Lock()
+	h.done = true
+	ids := h.ids
+	h.ids = nil
+	var errs []error
+	for _, id := range ids {
+		if err := h.nf.SetVerdict(id, nfqueue.NfAccept); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	h.mu.Unlock()
+	errs = append(errs, holdRule(h.ns, "-D"))
+	h.cancel()
+	errs = append(errs, h.nf.Close())
+	return len(ids), errors.Join(errs...)
+}
+
+// Drop discards the held packets (the migration failed) and stops.
+func (h *Holder) Drop() error {
+	h.mu.Lock()
+	h.done = true
+	for _, id := range h.ids {
+		_ = h.nf.SetVerdict(id, nfqueue.NfDrop)
+	}
+	h.ids = nil
+	h.mu.Unlock()
+	err := holdRule(h.ns, "-D")
+	h.cancel()
+	return errors.Join(err, h.nf.Close())
+}
