@@ -60,7 +60,7 @@ type Result struct {
 	PhasesMs     map[string]float64 `json:"phases_ms"`
 	BytesOnWire  int64              `json:"bytes_on_wire"`
 	HeldPackets  int                `json:"held_packets"` // client packets held during the downtime and delivered after restore
-	StateBytes   int64              `json:"state_bytes"` // payload: images + writable layer
+	StateBytes   int64              `json:"state_bytes"`  // payload: images + writable layer
 	Compressed   bool               `json:"compressed"`
 	CRIU         map[string]float64 `json:"criu,omitempty"`
 	Started      time.Time          `json:"started"`
