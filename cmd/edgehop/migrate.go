@@ -4,10 +4,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/model"
+	"github.com/edgehop/edgehop/internal/testbed"
 )
 
 func init() {
@@ -42,6 +45,9 @@ func runMigrate(ctx context.Context, args []string) error {
 	strategy := fs.String("strategy", string(migration.StopAndCopy), "stop-and-copy | post-copy | auto")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up (and roll back) after this long")
+	maxDown := fs.Float64("max-downtime-ms", 0, "auto: the downtime target")
+	maxTotal := fs.Float64("max-total-ms", 0, "auto: the total-time target")
+	dirty := fs.String("dirty-rate", "min", "auto: the service's dirty rate (min, max, r=X or pages/s)")
 	pos, err := parseInterleaved(fs, args)
 	if err != nil {
 		return err
@@ -59,9 +65,18 @@ func runMigrate(ctx context.Context, args []string) error {
 	if _, ok := st.Node(*to); !ok {
 		return fmt.Errorf("unknown destination node %q (see 'edgehop testbed status')", *to)
 	}
-	node, _, err := findContainer(ctx, st, pos[0])
+	node, ctr, err := findContainer(ctx, st, pos[0])
 	if err != nil {
 		return err
+	}
+	var plan *model.PlanResult
+	if migration.Strategy(*strategy) == migration.Auto {
+		p, err := planMigration(st, ctr, node, *to, *dirty, *maxDown, *maxTotal)
+		if err != nil {
+			return err
+		}
+		plan = &p
+		*strategy = string(p.Choice.Strategy)
 	}
 	mctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
@@ -71,10 +86,17 @@ func runMigrate(ctx context.Context, args []string) error {
 		return merr
 	}
 	if *asJSON {
-		if err := printJSON(res); err != nil {
+		out := struct {
+			migration.Result
+			Plan *model.PlanResult `json:"plan,omitempty"`
+		}{res, plan}
+		if err := printJSON(out); err != nil {
 			return err
 		}
 	} else if res.OK {
+		if plan != nil {
+			fmt.Printf("auto: %s (%s)\n", plan.Choice.Strategy, plan.Reason)
+		}
 		fmt.Printf("%s: %s -> %s (%s) downtime %.1f ms, total %.1f ms, %d bytes on the wire\n",
 			res.Container, res.From, res.To, res.Strategy, res.DowntimeMs, res.TotalMs, res.BytesOnWire)
 	}
@@ -82,4 +104,37 @@ func runMigrate(ctx context.Context, args []string) error {
 		return fmt.Errorf("migration of %s failed: %s", pos[0], res.Error)
 	}
 	return nil
+}
+
+// implemented lists the strategies the agents carry out; the planner
+// chooses among them.
+var implemented = []model.Strategy{model.Strategy(migration.StopAndCopy)}
+
+// planMigration asks the performance model how to move ctr from node to
+// dest: state size from the container's memory, bandwidth from the
+// narrower of the two nodes' links.
+func planMigration(st *testbed.State, ctr api.Container, node, dest, dirty string, maxDown, maxTotal float64) (model.PlanResult, error) {
+	src, _ := st.Node(node)
+	dst, _ := st.Node(dest)
+	bw := float64(narrower(src.Link.RateBps, dst.Link.RateBps))
+	if bw == 0 {
+		bw = math.Inf(1)
+	}
+	m := float64(ctr.MemoryBytes)
+	if m <= 0 {
+		m = 1 << 20
+	}
+	p := model.DefaultParams()
+	r, err := model.ResolveDirtyRate(p, m, dirty)
+	if err != nil {
+		return model.PlanResult{}, fmt.Errorf("%w: %v", errUsage, err)
+	}
+	res, err := model.Plan(p, model.Request{
+		Inputs:        model.Inputs{StateBytes: m, DirtyRate: r.PagesPerSecond, BandwidthBps: bw},
+		MaxDowntimeMs: maxDown, MaxTotalMs: maxTotal, Strategies: implemented,
+	})
+	if err != nil && res.Choice.Strategy == "" {
+		return res, fmt.Errorf("plan: %w", err)
+	}
+	return res, nil
 }

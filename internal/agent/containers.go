@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"time"
 
@@ -160,6 +161,36 @@ func (a *Agent) unpackImage(ctx context.Context, name string) (string, image.Con
 		return "", image.Config{}, "", err
 	}
 	return lower, cfg, digest, nil
+}
+
+// imageFor returns the unpacked root of exactly the image digest a
+// migrating service runs from: the node's own copy if it has one, else the
+// image cache's current version of name if its digest matches. A service
+// whose image changed since it started cannot be restored from another
+// build (CRIU checks the binaries), so that is refused before the freeze.
+func (a *Agent) imageFor(ctx context.Context, name, digest string) (string, string, error) {
+	if digest != "" {
+		dir := filepath.Join(a.imagesDir(), strings.TrimPrefix(digest, "sha256:"))
+		if _, err := os.Stat(filepath.Join(dir, "complete")); err == nil {
+			return filepath.Join(dir, "rootfs"), digest, nil
+		}
+	}
+	lower, _, got, err := a.unpackImage(ctx, name)
+	if err != nil {
+		return "", "", err
+	}
+	if digest != "" && got != digest {
+		return "", "", fmt.Errorf("%w: image %q is now %s but the service runs from %s; this node has no copy of that build", ErrInvalid, name, short(got), short(digest))
+	}
+	return lower, got, nil
+}
+
+func short(d string) string {
+	d = strings.TrimPrefix(d, "sha256:")
+	if len(d) > 12 {
+		d = d[:12]
+	}
+	return d
 }
 
 // Create creates and starts a container. On failure nothing of it is left.
@@ -322,6 +353,7 @@ func (a *Agent) describe(ctx context.Context, c *container) api.Container {
 		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown"}
 	if st, err := a.rt.State(ctx, c.meta.Name); err == nil {
 		out.Status, out.PID = string(st.Status), st.Pid
+		out.MemoryBytes = cgroupRSS(a.cgroupsPath(c.meta.Name))
 	} else if errors.Is(err, runc.ErrNotFound) {
 		out.Status = "gone"
 	}
@@ -395,4 +427,26 @@ func (a *Agent) loadContainers(ctx context.Context) error {
 		a.containers[m.Name] = &container{meta: m}
 	}
 	return nil
+}
+
+// cgroupRSS reads the resident anonymous memory of a container's memory
+// cgroup (cgroup v1 total_rss, v2 anon); 0 when unknown.
+func cgroupRSS(cgPath string) int64 {
+	for _, f := range []struct{ file, key string }{
+		{filepath.Join("/sys/fs/cgroup/memory", cgPath, "memory.stat"), "total_rss"},
+		{filepath.Join("/sys/fs/cgroup", cgPath, "memory.stat"), "anon"},
+	} {
+		b, err := os.ReadFile(f.file)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(line, " ")
+			if ok && k == f.key {
+				n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+				return n
+			}
+		}
+	}
+	return 0
 }

@@ -75,7 +75,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	}
 	defer conn.Close()
 	m := c.meta
-	if err := conn.WriteMsg(ctx, migration.MsgPrepare, migration.Prepare{Name: m.Name, Image: m.Image, IP: m.IP, MAC: m.MAC,
+	if err := conn.WriteMsg(ctx, migration.MsgPrepare, migration.Prepare{Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
 		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: req.Strategy, From: a.cfg.Node}); err != nil {
 		return res, fmt.Errorf("prepare %s: %w", req.To, err)
 	}
@@ -360,7 +360,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 	if err != nil {
 		return fail(err)
 	}
-	lower, _, digest, err := a.unpackImage(ctx, p.Image)
+	lower, digest, err := a.imageFor(ctx, p.Image, p.Digest)
 	if err != nil {
 		return fail(err)
 	}

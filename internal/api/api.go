@@ -31,6 +31,9 @@ type Container struct {
 	MAC     string    `json:"mac"`
 	Status  string    `json:"status"` // running, stopped, created, migrating
 	PID     int       `json:"pid,omitempty"`
+	// MemoryBytes is the container's resident memory (what a migration
+	// moves), from its memory cgroup.
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	Args    []string  `json:"args,omitempty"`
 	Created time.Time `json:"created"`
 }

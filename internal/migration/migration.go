@@ -136,6 +136,7 @@ const (
 type Prepare struct {
 	Name     string   `json:"name"`
 	Image    string   `json:"image"`
+	Digest   string   `json:"digest"` // the exact image the service runs from
 	IP       string   `json:"ip"`
 	MAC      string   `json:"mac"`
 	Args     []string `json:"args"`
