@@ -13,6 +13,7 @@ build:
 	@mkdir -p $(BIN)
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/edgehop ./cmd/edgehop
 	$(GO) build $(GOFLAGS_BUILD) -ldflags '-s -w' -o $(BIN)/probe ./cmd/probe
+	$(GO) build $(GOFLAGS_BUILD) -ldflags '-s -w' -o $(BIN)/dprgen ./cmd/dprgen
 
 # Installs what is missing (Debian packages, CRIU >= 4.2 built from source,
 # sysctls); a no-op when everything is there.

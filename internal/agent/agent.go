@@ -39,6 +39,8 @@ type Agent struct {
 
 	imgMu sync.Mutex // serialises image unpacking
 
+	pages pageServers // lazy page servers of outgoing post-copy migrations
+
 	wg sync.WaitGroup // background goroutines
 }
 

@@ -42,8 +42,9 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if req.To == a.cfg.Node {
 		return res, fmt.Errorf("%w: %s already runs on %s", ErrInvalid, name, req.To)
 	}
-	if req.Strategy != migration.StopAndCopy {
-		return res, fmt.Errorf("%w: strategy %q is not available yet (use stop-and-copy)", ErrInvalid, req.Strategy)
+	lazy := req.Strategy == migration.PostCopy
+	if req.Strategy != migration.StopAndCopy && !lazy {
+		return res, fmt.Errorf("%w: strategy %q is not available (use stop-and-copy or post-copy)", ErrInvalid, req.Strategy)
 	}
 	peer, err := a.peer(req.To)
 	if err != nil {
@@ -75,8 +76,18 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	}
 	defer conn.Close()
 	m := c.meta
-	if err := conn.WriteMsg(ctx, migration.MsgPrepare, migration.Prepare{Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
-		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: req.Strategy, From: a.cfg.Node}); err != nil {
+	prep := migration.Prepare{Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
+		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: req.Strategy, From: a.cfg.Node}
+	if lazy {
+		// Post-copy: CRIU serves the pages from loopback; the destination
+		// reaches it only through an authenticated tunnel with this token.
+		if prep.PageServer, err = freeLoopbackPort(); err != nil {
+			return res, fmt.Errorf("page server port: %w", err)
+		}
+		prep.PageToken = a.pages.add(prep.PageServer)
+		defer a.pages.remove(prep.PageToken)
+	}
+	if err := conn.WriteMsg(ctx, migration.MsgPrepare, prep); err != nil {
 		return res, fmt.Errorf("prepare %s: %w", req.To, err)
 	}
 	if err := expect(ctx, conn, migration.MsgPrepared, nil); err != nil {
@@ -95,14 +106,36 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if err := conn.WriteMsg(ctx, migration.MsgFrozen, struct{}{}); err != nil {
 		return res, fmt.Errorf("notify %s: %w", req.To, err)
 	}
-	if err := a.rt.Checkpoint(ctx, name, runc.CheckpointOpts{ImagePath: imgDir, WorkPath: imgDir, TCPEstablished: true}); err != nil {
+	ckOpts := runc.CheckpointOpts{ImagePath: imgDir, WorkPath: imgDir, TCPEstablished: true}
+	ckCtx, ckCancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer ckCancel()
+	ckDone := make(chan error, 1)
+	if lazy {
+		ready := make(chan struct{})
+		ckOpts.LazyPages, ckOpts.PageServer = true, prep.PageServer
+		ckOpts.Ready = func() { close(ready) }
+		go func() { ckDone <- a.rt.Checkpoint(ckCtx, name, ckOpts) }()
+		select {
+		case <-ready:
+		case err = <-ckDone:
+			if err == nil {
+				err = errors.New("lazy dump ended before its page server was ready")
+			}
+		case <-ctx.Done():
+			err = ctx.Err()
+		}
+	} else {
+		err = a.rt.Checkpoint(ctx, name, ckOpts)
+	}
+	if err != nil {
 		// CRIU resumes the service when a dump fails, but leaves its lock.
+		ckCancel()
 		uerr := netplane.Unlock(a.nsPath(name))
 		_ = conn.WriteMsg(ctx, migration.MsgAbort, migration.Abort{Reason: "dump failed on source"})
 		return res, errors.Join(fmt.Errorf("dump: %w", err), uerr, a.ensureRunning(context.WithoutCancel(ctx), name))
 	}
 	tm.Mark(migration.PhaseDump)
-	if st, serr := runc.ReadDumpStats(imgDir); serr == nil {
+	if st, serr := runc.ReadDumpStats(imgDir); serr == nil && !lazy {
 		res.CRIU = dumpStatsMap(st)
 	}
 
@@ -110,6 +143,12 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	rollback := func(cause error) (migration.Result, error) {
 		_ = conn.WriteMsg(context.WithoutCancel(ctx), migration.MsgAbort, migration.Abort{Reason: cause.Error()})
 		conn.Close()
+		if lazy {
+			// Cancelling a lazy dump makes CRIU abort it: the service
+			// resumes where it was, with all its memory.
+			ckCancel()
+			<-ckDone
+		}
 		rerr := a.restoreLocal(context.WithoutCancel(ctx), c, imgDir)
 		tm.Mark(migration.PhaseRollback)
 		res.RolledBack = rerr == nil
@@ -197,6 +236,17 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		a.log.Warn("no switch confirmation; destination decides from our state", "container", name, "err", cerr)
 	}
 
+	if lazy {
+		// The service runs on the destination; its memory still comes
+		// from here. The dump returns once every page was fetched. Losing
+		// this node or the link before that loses the service: post-copy's
+		// risk, which rollback cannot cover.
+		if err := <-ckDone; err != nil {
+			a.log.Error("post-copy page transfer failed after the switch: the service on the destination may be broken", "container", name, "err", err)
+			res.Error = fmt.Sprintf("post-copy pages not all delivered: %v", err)
+		}
+		tm.Mark(migration.PhaseLazy)
+	}
 	// Release the source.
 	if err := a.releaseSource(context.WithoutCancel(ctx), name); err != nil {
 		a.log.Warn("source cleanup", "container", name, "err", err)
@@ -224,22 +274,23 @@ func (a *Agent) ensureRunning(ctx context.Context, name string) error {
 // images, in its original namespace.
 func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string) error {
 	name := c.meta.Name
-	if st, err := a.rt.State(ctx, name); err == nil && st.Status == runc.StatusRunning {
-		return nil
-	}
-	lf, err := os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
-	if err != nil {
-		return err
-	}
-	if _, err := a.rt.Restore(ctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
-		lf.Close()
-		return err
+	if st, err := a.rt.State(ctx, name); err != nil || st.Status != runc.StatusRunning {
+		lf, err := os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		if _, err := a.rt.Restore(ctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+			lf.Close()
+			return err
+		}
+		a.mu.Lock()
+		if c.log != nil {
+			c.log.Close()
+		}
+		c.log = lf
+		a.mu.Unlock()
 	}
 	a.mu.Lock()
-	if c.log != nil {
-		c.log.Close()
-	}
-	c.log = lf
 	a.containers[name] = c
 	a.mu.Unlock()
 	mac, _ := net.ParseMAC(c.meta.MAC)
@@ -316,7 +367,18 @@ func (a *Agent) serveMigrations(ctx context.Context, l *transfer.Listener) {
 		go func() {
 			defer a.wg.Done()
 			defer conn.Close()
-			if err := a.receive(ctx, conn); err != nil {
+			typ, body, err := conn.ReadMsg(ctx)
+			if err != nil {
+				a.log.Warn("migration connection", "from", conn.Peer(), "err", err)
+				return
+			}
+			if isTunnel(typ) {
+				if err := a.serveTunnel(ctx, conn, body); err != nil {
+					a.log.Warn("page tunnel", "from", conn.Peer(), "err", err)
+				}
+				return
+			}
+			if err := a.receive(ctx, conn, typ, body); err != nil {
 				a.log.Warn("incoming migration failed", "from", conn.Peer(), "err", err)
 			}
 		}()
@@ -324,11 +386,7 @@ func (a *Agent) serveMigrations(ctx context.Context, l *transfer.Listener) {
 }
 
 // receive is the destination side of a migration.
-func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
-	typ, body, err := conn.ReadMsg(ctx)
-	if err != nil {
-		return err
-	}
+func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, body json.RawMessage) (err error) {
 	if typ != migration.MsgPrepare {
 		return fmt.Errorf("protocol: got %q, want prepare", typ)
 	}
@@ -423,8 +481,34 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 	if err != nil {
 		return fail(err)
 	}
+	lazy := p.Strategy == migration.PostCopy
+	work := imgDir + "-work"
+	defer os.RemoveAll(work)
+	var pagesDaemon *runc.Daemon
+	if lazy {
+		// Pages come from the source's page server through an
+		// authenticated tunnel; the daemon outlives the restore.
+		dial, err := a.tunnelDialer(p.From)
+		if err != nil {
+			lf.Close()
+			return fail(err)
+		}
+		tctx, tcancel := context.WithCancel(context.WithoutCancel(ctx))
+		defer tcancel()
+		tun, err := transfer.TunnelListen(tctx, "127.0.0.1:0", transfer.TunnelRequest{Target: p.PageServer, Token: p.PageToken}, dial)
+		if err != nil {
+			lf.Close()
+			return fail(fmt.Errorf("page tunnel: %w", err))
+		}
+		defer tun.Close()
+		if pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: imgDir, WorkPath: work, PageServer: tun.Addr().String()}); err != nil {
+			lf.Close()
+			return fail(fmt.Errorf("lazy-pages daemon: %w", err))
+		}
+		defer pagesDaemon.Stop()
+	}
 	t0 := time.Now()
-	if _, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-work", TCPEstablished: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+	if _, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: work, TCPEstablished: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
 		lf.Close()
 		return fail(fmt.Errorf("restore: %w", err))
 	}
@@ -434,9 +518,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 		a.log.Warn("release held packets", "container", p.Name, "err", herr)
 	}
 	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0)), NetworkMs: sw.NetworkMs, Held: held, RecvMs: recvMs}
-	if st, err := runc.ReadRestoreStats(imgDir + "-work"); err == nil {
-		r.CRIU = restoreStatsMap(st)
-	} else if st, err := runc.ReadRestoreStats(imgDir); err == nil {
+	if st, err := runc.ReadRestoreStats(work); err == nil {
 		r.CRIU = restoreStatsMap(st)
 	}
 	c.log = lf
@@ -449,6 +531,14 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn) (err error) {
 	committed = true
 	a.adopt(c)
 	_ = conn.WriteMsg(ctx, migration.MsgSwitched, sw)
+	if pagesDaemon != nil {
+		// Keep the images and the tunnel until every page has arrived.
+		if err := pagesDaemon.Wait(context.WithoutCancel(ctx)); err != nil {
+			a.log.Error("post-copy: pages not all received", "container", p.Name, "err", err)
+		} else {
+			a.log.Info("post-copy: all pages received", "container", p.Name, "after_ms", migration.Ms(time.Since(t0)))
+		}
+	}
 	return nil
 }
 

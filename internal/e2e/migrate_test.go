@@ -132,6 +132,12 @@ func runLiveClient(ctx context.Context, wg *sync.WaitGroup, ns, addr string, per
 // continuity probe and keeps sending every 5 ms while the probe is migrated
 // around three nodes; no reset, every reply's byte count and CRC match.
 func TestProbeSurvivesMigrations(t *testing.T) {
+	for _, strategy := range []string{"stop-and-copy", "post-copy"} {
+		t.Run(strategy, func(t *testing.T) { testProbeSurvivesMigrations(t, strategy) })
+	}
+}
+
+func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 	e := newEnv(t)
 	e.up("--nodes", "3", "--clients", "1")
 	var st status
@@ -181,11 +187,12 @@ func TestProbeSurvivesMigrations(t *testing.T) {
 	for i := 0; i < n; i++ {
 		to := st.Nodes[(i+1)%3].Name
 		var res migResult
-		e.mustJSON(&res, "migrate", "p", "--to", to, "--json")
+		e.mustJSON(&res, "migrate", "p", "--to", to, "--strategy", strategy, "--json")
 		if !res.OK || res.To != to {
 			t.Fatalf("migration %d to %s: %+v", i, to, res)
 		}
-		if res.DowntimeMs <= 0 || res.BytesOnWire <= 0 || res.PhasesMs["dump"] <= 0 || res.PhasesMs["transfer"] <= 0 {
+		if res.DowntimeMs <= 0 || res.BytesOnWire <= 0 || res.PhasesMs["dump"] <= 0 || res.PhasesMs["transfer"] <= 0 ||
+			(strategy == "post-copy") != (res.PhasesMs["lazy"] > 0) {
 			t.Errorf("migration %d: implausible result %+v", i, res)
 		}
 		t.Logf("migration %d -> %s: downtime %.1f ms, phases %v", i, to, res.DowntimeMs, res.PhasesMs)

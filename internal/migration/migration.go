@@ -145,8 +145,10 @@ type Prepare struct {
 	Strategy Strategy `json:"strategy"`
 	From     string   `json:"from"`
 	// PageServer is where the destination's lazy-pages daemon reaches the
-	// source's pages (post-copy), relayed through this connection's peer.
+	// source's pages (post-copy): a loopback address on the source, reached
+	// through an authenticated tunnel opened with PageToken.
 	PageServer string `json:"page_server,omitempty"`
+	PageToken  string `json:"page_token,omitempty"`
 }
 
 // Restored reports the destination's restore.
@@ -154,6 +156,7 @@ type Restored struct {
 	RestoreMs float64            `json:"restore_ms"`
 	NetworkMs float64            `json:"network_ms"` // the switch, done while the source dumped
 	Held      int                `json:"held"`       // packets held during the downtime and delivered
+	LazyMs    float64            `json:"lazy_ms,omitempty"` // post-copy: restore until the last page arrived
 	RecvMs    float64            `json:"recv_ms"`    // receiving images and layer
 	CRIU      map[string]float64 `json:"criu,omitempty"`
 }
