@@ -184,7 +184,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if err != nil {
 		return rollback(peerReason(fmt.Errorf("send images: %w", err)))
 	}
-	opts.Name = "upper"
+	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
 	st2, err := conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
 	if err != nil {
 		return rollback(peerReason(fmt.Errorf("send writable layer: %w", err)))

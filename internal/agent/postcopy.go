@@ -88,4 +88,3 @@ func (a *Agent) tunnelDialer(from string) (func(context.Context) (*transfer.Conn
 // isTunnel reports whether the first message of a migration connection is
 // a page tunnel request.
 func isTunnel(typ string) bool { return typ == transfer.MsgTunnel }
-

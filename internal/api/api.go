@@ -24,18 +24,18 @@ type RunRequest struct {
 
 // Container describes a container on a node.
 type Container struct {
-	Name    string    `json:"name"`
-	Node    string    `json:"node"`
-	Image   string    `json:"image"`
-	IP      string    `json:"ip"`
-	MAC     string    `json:"mac"`
-	Status  string    `json:"status"` // running, stopped, created, migrating
-	PID     int       `json:"pid,omitempty"`
+	Name   string `json:"name"`
+	Node   string `json:"node"`
+	Image  string `json:"image"`
+	IP     string `json:"ip"`
+	MAC    string `json:"mac"`
+	Status string `json:"status"` // running, stopped, created, migrating
+	PID    int    `json:"pid,omitempty"`
 	// MemoryBytes is the container's resident memory (what a migration
 	// moves), from its memory cgroup.
-	MemoryBytes int64 `json:"memory_bytes,omitempty"`
-	Args    []string  `json:"args,omitempty"`
-	Created time.Time `json:"created"`
+	MemoryBytes int64     `json:"memory_bytes,omitempty"`
+	Args        []string  `json:"args,omitempty"`
+	Created     time.Time `json:"created"`
 }
 
 // Endpoint is where an overlay MAC lives; agents announce them to peers.

@@ -154,10 +154,10 @@ type Prepare struct {
 // Restored reports the destination's restore.
 type Restored struct {
 	RestoreMs float64            `json:"restore_ms"`
-	NetworkMs float64            `json:"network_ms"` // the switch, done while the source dumped
-	Held      int                `json:"held"`       // packets held during the downtime and delivered
+	NetworkMs float64            `json:"network_ms"`        // the switch, done while the source dumped
+	Held      int                `json:"held"`              // packets held during the downtime and delivered
 	LazyMs    float64            `json:"lazy_ms,omitempty"` // post-copy: restore until the last page arrived
-	RecvMs    float64            `json:"recv_ms"`    // receiving images and layer
+	RecvMs    float64            `json:"recv_ms"`           // receiving images and layer
 	CRIU      map[string]float64 `json:"criu,omitempty"`
 }
 
