@@ -29,6 +29,19 @@ step "client0 -> redis at $redis_ip:6379"
 "$EH" testbed exec client0 -- bash -c "exec 3<>/dev/tcp/$redis_ip/6379; printf 'SET demo edgehop\r\nGET demo\r\n' >&3; for i in 1 2 3; do read -t 3 -r l <&3; echo \"  redis: \${l%\$'\r'}\"; done"
 step "client0 -> memcached at $mc_ip:11211"
 "$EH" testbed exec client0 -- bash -c "exec 3<>/dev/tcp/$mc_ip/11211; printf 'version\r\n' >&3; read -t 3 -r l <&3; echo \"  memcached: \${l%\$'\r'}\""
+step "live migration: probe1 node0 -> node1 (stop-and-copy) -> node0 (post-copy) while client0 keeps one connection busy"
+"$EH" testbed exec client0 -- "$EH" probe client --duration 8s "$probe_ip:7000" > /tmp/edgehop-demo-probe.txt 2>&1 &
+client=$!
+sleep 1.5
+"$EH" migrate probe1 --to node1 --strategy stop-and-copy
+sleep 2
+"$EH" migrate probe1 --to node0 --strategy post-copy
+wait $client && echo "  the connection survived both migrations:" || echo "  continuity broken:"
+sed 's/^/  /' /tmp/edgehop-demo-probe.txt
+step "live migration of redis1 node1 -> node0 with its data (strategy chosen by the model)"
+"$EH" migrate redis1 --to node0 --strategy auto
+"$EH" testbed exec client0 -- bash -c "exec 3<>/dev/tcp/$redis_ip/6379; printf 'GET demo\r\n' >&3; for i in 1 2; do read -t 3 -r l <&3; echo \"  redis after migration: \${l%\$'\r'}\"; done"
+"$EH" ps
 step "measured RTT and throughput from client0 to every node (configured vs measured)"
 "$EH" bench link --from client0
 step "tear down"
