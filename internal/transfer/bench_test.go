@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -132,6 +133,59 @@ func BenchmarkStreamOverTLS(b *testing.B) {
 					b.Fatal(err)
 				}
 				if err := <-done; err != nil {
+					b.Fatal(err)
+				}
+				moved += int64(size)
+			}
+			reportCPU(b, cpu0, moved)
+		})
+	}
+}
+
+// BenchmarkTunnelOverTLS moves data one way through a Tunnel: "up" from the
+// local client to the target, "down" back. Each iteration opens a tunnel
+// connection (handshake included) and ends when the receiving side has
+// everything. Both agents, the client and the target run in this process.
+func BenchmarkTunnelOverTLS(b *testing.B) {
+	size := *benchMB << 20
+	data := randomBytes(size, 7)
+	for _, dir := range []string{"up", "down"} {
+		b.Run(dir, func(b *testing.B) {
+			target, _ := serveTarget(b, func(c *net.TCPConn) {
+				if dir == "up" {
+					if n, err := io.Copy(io.Discard, c); err == nil && n == int64(size) {
+						c.Write([]byte{1}) // all arrived
+					}
+					return
+				}
+				c.Write(data)
+			})
+			tun, _, _ := startTunnel(b, context.Background(), target, "tok", tokenCheck("tok"))
+			b.SetBytes(int64(size))
+			cpu0, moved := cpuTime(b), int64(0)
+			for b.Loop() {
+				c, err := net.DialTCP("tcp", nil, tun.Addr())
+				if err != nil {
+					b.Fatal(err)
+				}
+				var n int64
+				if dir == "up" {
+					if _, err := c.Write(data); err != nil {
+						b.Fatal(err)
+					}
+					c.CloseWrite()
+					n, err = io.Copy(io.Discard, c)
+					if n != 1 {
+						err = fmt.Errorf("target did not confirm: %v", err)
+					}
+				} else {
+					n, err = io.Copy(io.Discard, c)
+					if n != int64(size) {
+						err = fmt.Errorf("got %d of %d bytes: %v", n, size, err)
+					}
+				}
+				c.Close()
+				if err != nil {
 					b.Fatal(err)
 				}
 				moved += int64(size)

@@ -23,6 +23,8 @@ import (
 // unusable (later calls return ErrBroken) because the position in the byte
 // stream is lost; ErrAborted is the exception, as the sender ended the
 // stream cleanly. When the ctx of any call ends, the whole Conn is closed.
+// Splice and ServeTunnel take the Conn over for raw bytes: no message or
+// stream follows them.
 type Conn struct {
 	nc   net.Conn // what frames are written to and read from (TLS or plain)
 	raw  net.Conn // the transport under nc, closed to abort blocked calls

@@ -14,12 +14,26 @@
 // behind. Chunks may be zstd-compressed, always or when a probe shows that
 // compression raises throughput over the declared link rate.
 //
+// With SendOptions.Overlay a directory stream carries everything an
+// overlayfs upper layer needs to be mounted again elsewhere: whiteouts and
+// other device nodes, FIFOs, sockets, hard links (each inode once) and
+// extended attributes (opaque directories and overlayfs' other markers,
+// file capabilities, ACLs).
+//
+// A Tunnel carries plain TCP connections (CRIU's page traffic in
+// post-copy) across an authenticated agent connection: the destination
+// listens locally and opens one agent connection per client, the source
+// agent checks the request (ServeTunnel) and splices the connection to its
+// local target, with half-close passed through both ways.
+//
 // Every blocking call takes a context; when it ends, the connection is
 // closed so the call returns at once, which is how a migration aborts when
 // its peer dies. Dial and Listener add mutually authenticated TLS (package
 // pki) and report the peer's node name.
 //
 // This package does not know what a migration is: the lead's migration code
-// defines the message types and the order of streams. It does not retry or
-// resume a broken transfer, and it makes no syscalls of its own.
+// defines the message types and the order of streams, and decides which
+// tunnel requests to accept. It does not retry or resume a broken transfer.
+// The file-system calls os does not offer (mknod, extended attributes,
+// symlink times) go through package linux.
 package transfer

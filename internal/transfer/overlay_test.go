@@ -315,4 +315,3 @@ func isWhiteout(t *testing.T, p string) bool {
 	maj, mnr := linux.DeviceNumbers(fi.Sys().(*syscall.Stat_t).Rdev)
 	return fi.Mode().Type() == fs.ModeDevice|fs.ModeCharDevice && maj == 0 && mnr == 0
 }
-
