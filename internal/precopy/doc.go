@@ -1,0 +1,31 @@
+// Package precopy moves a container's memory to the destination while the
+// container runs, without kernel dirty tracking (this kernel has no
+// soft-dirty bits, so `criu pre-dump` is impossible), and then sends only
+// what the frozen dump adds.
+//
+// Live rounds (Source.Round): the source reads every process's anonymous
+// memory with process_vm_readv (the pages CRIU would dump, found with the
+// PAGEMAP_SCAN ioctl), hashes each 4 KiB page with xxhash64 and sends the
+// pages whose hash differs from what the destination holds, as records of
+// (namespace pid, address, data) with a checksum per record. Zero pages go
+// as a flag, and a page whose content the destination already holds at
+// another address goes as a copy from there. The destination (Store)
+// keeps one sparse file per namespace pid, the page at address a stored
+// at offset a. The source remembers the hash of every page the
+// destination holds. ShouldStop decides when to stop the rounds.
+//
+// The final round (Source.SendFinal, Store.RebuildFinal) runs after CRIU
+// dumped the frozen container: it sends every image except the pages-*.img
+// files as they are, then for each pages file, page by page in the file's
+// order, either "you hold it at (pid, address)" or the data; the
+// destination writes the pages files from its store and the delta and
+// checks each against the source's digest, so the image directory it
+// restores from is byte-identical to the dump. Correctness does not depend
+// on the rounds: a page that changed during or after a round differs from
+// the dump and is sent; the rounds only decide how much is left to send.
+//
+// This package reads processes and writes its store; it does not freeze,
+// dump or restore anything (the caller runs CRIU), does not define the
+// migration's messages (the caller tells the destination which call comes
+// next), and reaches the kernel only through package linux.
+package precopy

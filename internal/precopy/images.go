@@ -1,0 +1,219 @@
+package precopy
+
+import (
+	"cmp"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// CRIU image magics (criu/include/magic.h).
+const (
+	imgCommonMagic = 0x54564319
+	pagemapMagic   = 0x56084025
+)
+
+// Pagemap entry flags (criu/include/pagemap.h).
+const (
+	peParent  = 1 << 0
+	pePresent = 1 << 2
+)
+
+var (
+	pagesImageRE   = regexp.MustCompile(`^pages-([0-9]+)\.img$`)
+	pagemapImageRE = regexp.MustCompile(`^pagemap-(shmem-)?([0-9]+)\.img$`)
+)
+
+// isPagesImage reports whether name is a CRIU pages image.
+func isPagesImage(name string) bool { return pagesImageRE.MatchString(name) }
+
+// pageRun is a run of consecutive pages in a pages image: count pages that
+// a process (pid, 0 for shared memory) has at addr onwards.
+type pageRun struct {
+	pid   uint32
+	addr  uint64
+	count uint64
+}
+
+// pagesImage is one pages-<id>.img of a dump and where its pages live.
+type pagesImage struct {
+	id   uint64
+	path string
+	size int64
+	mode os.FileMode
+	// runs locate the image's pages in order; nil when no pagemap
+	// describes the image (its pages are then sent without an address).
+	runs []pageRun
+}
+
+// pagemap is a decoded pagemap image.
+type pagemap struct {
+	pagesID uint64
+	runs    []pageRun // the pages stored in the pages image, in order
+}
+
+// readPagemap decodes a CRIU pagemap image: the common magic, the pagemap
+// magic, then 32-bit-size-prefixed protobufs: a pagemap_head (pages_id =
+// 1) and one pagemap_entry per run. Entries are decoded field by field
+// because CRIU 4 moved the page count to field 5 (nr_pages, uint64),
+// keeping field 2 (compat_nr_pages) for old images, and go-criu v7.2.0's
+// generated type knows only field 2. Only entries whose pages are in the
+// pages image (PE_PRESENT) are kept; pid is the owner of the addresses.
+func readPagemap(path string, pid uint32) (pagemap, error) {
+	var pm pagemap
+	buf, err := os.ReadFile(path)
+	if err != nil {
+		return pm, err
+	}
+	if len(buf) < 8 || binary.LittleEndian.Uint32(buf) != imgCommonMagic ||
+		binary.LittleEndian.Uint32(buf[4:]) != pagemapMagic {
+		return pm, fmt.Errorf("%s is not a criu pagemap image", path)
+	}
+	buf = buf[8:]
+	for i := 0; len(buf) > 0; i++ {
+		if len(buf) < 4 {
+			return pm, fmt.Errorf("%s: truncated entry size", path)
+		}
+		size := binary.LittleEndian.Uint32(buf)
+		buf = buf[4:]
+		if uint64(size) > uint64(len(buf)) {
+			return pm, fmt.Errorf("%s: entry of %d bytes overruns the image", path, size)
+		}
+		fields, err := varintFields(buf[:size])
+		if err != nil {
+			return pm, fmt.Errorf("%s: entry %d: %w", path, i, err)
+		}
+		buf = buf[size:]
+		if i == 0 {
+			pm.pagesID = fields[1]
+			continue
+		}
+		addr, nr := fields[1], fields[5]
+		if _, ok := fields[5]; !ok {
+			nr = fields[2]
+		}
+		flags, inParent := fields[4], fields[3] != 0
+		_, hasFlags := fields[4]
+		present := flags&pePresent != 0 || (!hasFlags && !inParent)
+		if !present || nr == 0 {
+			continue
+		}
+		if addr%PageSize != 0 {
+			return pm, fmt.Errorf("%s: entry %d: unaligned address %#x", path, i, addr)
+		}
+		if k := len(pm.runs); k > 0 && pm.runs[k-1].addr+pm.runs[k-1].count*PageSize == addr {
+			pm.runs[k-1].count += nr
+		} else {
+			pm.runs = append(pm.runs, pageRun{pid: pid, addr: addr, count: nr})
+		}
+	}
+	return pm, nil
+}
+
+// varintFields decodes a protobuf message whose fields of interest are
+// all varints, by field number; other fields are skipped.
+func varintFields(b []byte) (map[protowire.Number]uint64, error) {
+	out := map[protowire.Number]uint64{}
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		if typ != protowire.VarintType {
+			n = protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return nil, protowire.ParseError(n)
+			}
+			b = b[n:]
+			continue
+		}
+		v, n := protowire.ConsumeVarint(b)
+		if n < 0 {
+			return nil, protowire.ParseError(n)
+		}
+		b = b[n:]
+		out[num] = v
+	}
+	return out, nil
+}
+
+// readImages finds the pages images of a dump in dir and, from the
+// pagemap images, where each of their pages lives. Pages images that no
+// pagemap describes, or whose size disagrees with their pagemap, are
+// returned without runs (sent as anonymous data). warn receives the
+// reason for each such fallback.
+func readImages(dir string, warn func(msg string, args ...any)) ([]pagesImage, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var images []pagesImage
+	maps := map[uint64]pagemap{}
+	for _, e := range ents {
+		name := e.Name()
+		if m := pagesImageRE.FindStringSubmatch(name); m != nil {
+			id, err := strconv.ParseUint(m[1], 10, 64)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", name, err)
+			}
+			info, err := e.Info()
+			if err != nil {
+				return nil, err
+			}
+			if !info.Mode().IsRegular() {
+				return nil, fmt.Errorf("%s is not a regular file", name)
+			}
+			if info.Size()%PageSize != 0 {
+				return nil, fmt.Errorf("%s: %d bytes is not a whole number of pages", name, info.Size())
+			}
+			images = append(images, pagesImage{id: id, path: filepath.Join(dir, name), size: info.Size(), mode: info.Mode().Perm()})
+			continue
+		}
+		m := pagemapImageRE.FindStringSubmatch(name)
+		if m == nil {
+			continue
+		}
+		var pid uint32
+		if m[1] == "" {
+			n, err := strconv.ParseUint(m[2], 10, 32)
+			if err != nil || n == 0 {
+				return nil, fmt.Errorf("%s: bad pid", name)
+			}
+			pid = uint32(n)
+		}
+		pm, err := readPagemap(filepath.Join(dir, name), pid)
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := maps[pm.pagesID]; dup {
+			return nil, fmt.Errorf("%s: pages image %d described twice", name, pm.pagesID)
+		}
+		maps[pm.pagesID] = pm
+	}
+	slices.SortFunc(images, func(a, b pagesImage) int { return cmp.Compare(a.id, b.id) })
+	for i := range images {
+		im := &images[i]
+		pm, ok := maps[im.id]
+		if !ok {
+			warn("pages image without a pagemap: sent as data", "image", im.path)
+			continue
+		}
+		var pages uint64
+		for _, r := range pm.runs {
+			pages += r.count
+		}
+		if pages*PageSize != uint64(im.size) {
+			warn("pagemap disagrees with its pages image: sent as data", "image", im.path, "pagemap_pages", pages, "image_bytes", im.size)
+			continue
+		}
+		im.runs = pm.runs
+	}
+	return images, nil
+}

@@ -1,0 +1,136 @@
+package precopy
+
+import (
+	"encoding/binary"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// pmEntry is a pagemap entry to write; old writes the page count in
+// field 2 only (CRIU < 4), as CRIU 4 keeps it for old images.
+type pmEntry struct {
+	addr, pages, flags uint64
+	noFlags, old       bool
+}
+
+// writePagemap writes a CRIU pagemap image.
+func writePagemap(t testing.TB, path string, pagesID uint64, entries []pmEntry) {
+	t.Helper()
+	b := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
+	b = binary.LittleEndian.AppendUint32(b, pagemapMagic)
+	msg := func(m []byte) {
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(m)))
+		b = append(b, m...)
+	}
+	msg(protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), pagesID))
+	for _, e := range entries {
+		var m []byte
+		m = protowire.AppendVarint(protowire.AppendTag(m, 1, protowire.VarintType), e.addr)
+		if e.old {
+			m = protowire.AppendVarint(protowire.AppendTag(m, 2, protowire.VarintType), e.pages)
+		} else {
+			m = protowire.AppendVarint(protowire.AppendTag(m, 2, protowire.VarintType), 0)
+		}
+		if !e.noFlags {
+			m = protowire.AppendVarint(protowire.AppendTag(m, 4, protowire.VarintType), e.flags)
+		}
+		if !e.old {
+			m = protowire.AppendVarint(protowire.AppendTag(m, 5, protowire.VarintType), e.pages)
+		}
+		msg(m)
+	}
+	if err := os.WriteFile(path, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func writePages(t testing.TB, path string, pages int) {
+	t.Helper()
+	if err := os.WriteFile(path, make([]byte, pages*PageSize), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestReadImages(t *testing.T) {
+	dir := t.TempDir()
+	const a = 0x7f0000000000
+	// Process 1: two adjacent entries (merged), a lazy-only entry (not
+	// in the image) and an old-format entry.
+	writePagemap(t, filepath.Join(dir, "pagemap-1.img"), 1, []pmEntry{
+		{addr: a, pages: 2, flags: pePresent | 2},
+		{addr: a + 2*PageSize, pages: 1, flags: pePresent},
+		{addr: a + 10*PageSize, pages: 5, flags: 2},
+		{addr: a + 20*PageSize, pages: 3, old: true, noFlags: true},
+	})
+	writePages(t, filepath.Join(dir, "pages-1.img"), 6)
+	// Shared memory: pages without a process address.
+	writePagemap(t, filepath.Join(dir, "pagemap-shmem-77.img"), 2, []pmEntry{{addr: 0, pages: 2, flags: pePresent}})
+	writePages(t, filepath.Join(dir, "pages-2.img"), 2)
+	// Process 9's pagemap disagrees with its image; pages-4 has none.
+	writePagemap(t, filepath.Join(dir, "pagemap-9.img"), 3, []pmEntry{{addr: a, pages: 7, flags: pePresent}})
+	writePages(t, filepath.Join(dir, "pages-3.img"), 2)
+	writePages(t, filepath.Join(dir, "pages-4.img"), 1)
+	os.WriteFile(filepath.Join(dir, "core-1.img"), []byte("x"), 0o644)
+
+	var warnings int
+	images, err := readImages(dir, func(string, ...any) { warnings++ })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if warnings != 2 {
+		t.Errorf("%d warnings, want 2 (pages-3 and pages-4)", warnings)
+	}
+	want := map[uint64][]pageRun{
+		1: {{pid: 1, addr: a, count: 3}, {pid: 1, addr: a + 20*PageSize, count: 3}},
+		2: {{pid: 0, addr: 0, count: 2}},
+		3: nil,
+		4: nil,
+	}
+	var ids []uint64
+	for _, im := range images {
+		ids = append(ids, im.id)
+		if !slices.Equal(im.runs, want[im.id]) {
+			t.Errorf("pages-%d runs %v, want %v", im.id, im.runs, want[im.id])
+		}
+	}
+	if !slices.Equal(ids, []uint64{1, 2, 3, 4}) {
+		t.Errorf("images %v, want 1..4 in order", ids)
+	}
+}
+
+func TestReadImagesRejects(t *testing.T) {
+	tests := map[string]func(dir string){
+		"ragged pages image": func(dir string) {
+			os.WriteFile(filepath.Join(dir, "pages-1.img"), make([]byte, PageSize+1), 0o644)
+		},
+		"not a pagemap": func(dir string) {
+			os.WriteFile(filepath.Join(dir, "pagemap-1.img"), []byte("garbage!"), 0o644)
+		},
+		"two pagemaps for one image": func(dir string) {
+			writePagemap(t, filepath.Join(dir, "pagemap-1.img"), 1, nil)
+			writePagemap(t, filepath.Join(dir, "pagemap-2.img"), 1, nil)
+		},
+		"unaligned address": func(dir string) {
+			writePagemap(t, filepath.Join(dir, "pagemap-1.img"), 1, []pmEntry{{addr: 5, pages: 1, flags: pePresent}})
+		},
+		"truncated entry": func(dir string) {
+			writePagemap(t, filepath.Join(dir, "pagemap-1.img"), 1, []pmEntry{{addr: 0x1000, pages: 1, flags: pePresent}})
+			p := filepath.Join(dir, "pagemap-1.img")
+			b, _ := os.ReadFile(p)
+			os.WriteFile(p, b[:len(b)-2], 0o644)
+		},
+	}
+	for name, setup := range tests {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			setup(dir)
+			if _, err := readImages(dir, func(string, ...any) {}); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
+}

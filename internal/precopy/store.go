@@ -1,0 +1,485 @@
+package precopy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/transfer"
+)
+
+// Store is the destination's copy of the source's memory: one sparse file
+// per namespace pid in its directory, the page at address a stored at
+// offset a, so holes cost nothing and no index is kept. The directory
+// must be on a file system that allows files of 2^57 bytes (tmpfs, as
+// the agents' scratch space is; ext4 does not). It is not safe for
+// concurrent use.
+type Store struct {
+	dir   string
+	log   *slog.Logger
+	files map[uint32]*os.File
+	buf   []byte
+}
+
+// NewStore creates the store's directory dir, which must not exist, and
+// checks that its file system can hold the sparse files (ErrNotSupported
+// otherwise). log may be nil.
+func NewStore(dir string, log *slog.Logger) (*Store, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("precopy store: %w", err)
+	}
+	probe := filepath.Join(dir, "probe")
+	f, err := os.Create(probe)
+	if err == nil {
+		err = f.Truncate(maxAddr)
+		f.Close()
+		err = errors.Join(err, os.Remove(probe))
+	}
+	if err != nil {
+		os.RemoveAll(dir)
+		return nil, fmt.Errorf("%w: store %s cannot hold sparse files of 2^57 bytes (use tmpfs): %v", ErrNotSupported, dir, err)
+	}
+	return &Store{dir: dir, log: log, files: map[uint32]*os.File{}, buf: make([]byte, maxDataPages*PageSize)}, nil
+}
+
+// Dir is the store's directory.
+func (s *Store) Dir() string { return s.dir }
+
+// Close closes the store's files and removes its directory.
+func (s *Store) Close() error {
+	var errs []error
+	for _, f := range s.files {
+		errs = append(errs, f.Close())
+	}
+	s.files = nil
+	errs = append(errs, os.RemoveAll(s.dir))
+	return errors.Join(errs...)
+}
+
+// StoredBytes is the space the store's files take (pages held, holes
+// excluded).
+func (s *Store) StoredBytes() (int64, error) {
+	var n int64
+	for _, f := range s.files {
+		fi, err := f.Stat()
+		if err != nil {
+			return n, err
+		}
+		if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+			n += st.Blocks * 512
+		}
+	}
+	return n, nil
+}
+
+// file returns the store file of pid, creating it if create is set (an
+// unknown pid otherwise is a corrupt stream).
+func (s *Store) file(pid uint32, create bool) (*os.File, error) {
+	if f, ok := s.files[pid]; ok {
+		return f, nil
+	}
+	if !create {
+		return nil, fmt.Errorf("%w: no pages of pid %d", ErrCorrupt, pid)
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, strconv.FormatUint(uint64(pid), 10)), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, err
+	}
+	if err := f.Truncate(maxAddr); err != nil {
+		f.Close()
+		return nil, err
+	}
+	s.files[pid] = f
+	return f, nil
+}
+
+// receive reads one stream from conn through apply, which decodes it
+// from a pipe on its own goroutine.
+func (s *Store) receive(ctx context.Context, conn *transfer.Conn, apply func(*decoder) error) (transfer.Stats, error) {
+	pr, pw := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		// apply returns errStreamDone after reading the end of the pipe,
+		// or the reason it stopped early, which fails RecvStream's next
+		// write.
+		err := apply(newDecoder(pr))
+		pr.CloseWithError(err)
+		done <- err
+	}()
+	st, rerr := conn.RecvStream(ctx, pw, transfer.RecvOptions{})
+	pw.CloseWithError(rerr)
+	aerr := <-done
+	if rerr != nil {
+		return st, rerr
+	}
+	if errors.Is(aerr, errStreamDone) {
+		return st, nil
+	}
+	return st, aerr
+}
+
+// errStreamDone is how apply functions report a complete stream.
+var errStreamDone = errors.New("precopy: stream complete")
+
+// expectEnd checks that the stream ends right after its end record.
+func expectEnd(d *decoder) error {
+	if _, err := d.next(); err != io.EOF {
+		if err == nil {
+			return fmt.Errorf("%w: records after the end record", ErrCorrupt)
+		}
+		return err
+	}
+	return errStreamDone
+}
+
+// readBegin reads and checks a stream's begin record.
+func readBegin(d *decoder, kind uint32) (record, error) {
+	r, err := d.next()
+	if err != nil {
+		return r, eofCorrupt(err)
+	}
+	if r.typ != recBegin || r.pid != kind {
+		return r, fmt.Errorf("%w: stream starts with %v, want begin of kind %d", ErrCorrupt, r, kind)
+	}
+	if r.count != version {
+		return r, fmt.Errorf("%w: protocol version %d, want %d", ErrCorrupt, r.count, version)
+	}
+	return r, nil
+}
+
+func eofCorrupt(err error) error {
+	if err == io.EOF {
+		return fmt.Errorf("%w: stream ends before its end record", ErrCorrupt)
+	}
+	return err
+}
+
+// ReceiveRound receives one round sent by Source.Round into the store.
+// On error the store's content is unknown (the source's Round fails too,
+// and the migration falls back to a full transfer).
+func (s *Store) ReceiveRound(ctx context.Context, conn *transfer.Conn) (RoundStats, error) {
+	var st RoundStats
+	start := time.Now()
+	tst, err := s.receive(ctx, conn, func(d *decoder) error { return s.applyRound(d, &st) })
+	st.Bytes, st.Duration = tst.WireBytes, time.Since(start)
+	if err != nil {
+		return st, fmt.Errorf("precopy receive round: %w", err)
+	}
+	return st, nil
+}
+
+func (s *Store) applyRound(d *decoder, st *RoundStats) error {
+	b, err := readBegin(d, kindRound)
+	if err != nil {
+		return err
+	}
+	st.Round = int(b.addr)
+	var records, pages uint64
+	for {
+		r, err := d.next()
+		if err != nil {
+			return eofCorrupt(err)
+		}
+		if r.typ != recEnd && r.pid == 0 {
+			return fmt.Errorf("%w: %v in a round has no address", ErrCorrupt, r)
+		}
+		switch r.typ {
+		case recData:
+			st.DataPages += int64(r.count)
+			err = s.write(r.pid, r.addr, r.data)
+		case recZero:
+			st.ZeroPages += int64(r.count)
+			err = s.punch(r.pid, r.addr, r.count)
+		case recCopy:
+			st.CopyPages += int64(r.count)
+			err = s.copy(r)
+		case recEnd:
+			if r.addr != pages || r.saddr != records+1 {
+				return fmt.Errorf("%w: end record says %d pages in %d records, got %d in %d", ErrCorrupt, r.addr, r.saddr, pages, records+1)
+			}
+			st.Changed = int64(pages)
+			return expectEnd(d)
+		default:
+			return fmt.Errorf("%w: %v in a round", ErrCorrupt, r)
+		}
+		if err != nil {
+			return err
+		}
+		records++
+		pages += uint64(r.count)
+	}
+}
+
+func (s *Store) write(pid uint32, addr uint64, data []byte) error {
+	f, err := s.file(pid, true)
+	if err != nil {
+		return err
+	}
+	_, err = f.WriteAt(data, int64(addr))
+	return err
+}
+
+func (s *Store) punch(pid uint32, addr uint64, count uint32) error {
+	f, err := s.file(pid, true)
+	if err != nil {
+		return err
+	}
+	return linux.PunchHole(f, int64(addr), int64(count)*PageSize)
+}
+
+// read reads n bytes held at (pid, addr) into buf.
+func (s *Store) read(pid uint32, addr uint64, buf []byte) error {
+	f, err := s.file(pid, false)
+	if err != nil {
+		return err
+	}
+	_, err = f.ReadAt(buf, int64(addr))
+	return err
+}
+
+// copy applies a copy record within the store. The source had each page
+// in mind as it was after the run's earlier pages were copied, so
+// overlapping ranges are copied page by page.
+func (s *Store) copy(r record) error {
+	n := uint64(r.count) * PageSize
+	step := uint64(len(s.buf))
+	if r.spid == r.pid && r.saddr < r.addr+n && r.addr < r.saddr+n {
+		step = PageSize
+	}
+	for off := uint64(0); off < n; off += step {
+		k := min(step, n-off)
+		if err := s.read(r.spid, r.saddr+off, s.buf[:k]); err != nil {
+			return err
+		}
+		if err := s.write(r.pid, r.addr+off, s.buf[:k]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// RebuildFinal receives what Source.SendFinal sends and writes the
+// complete CRIU image directory imgDir (which must not exist) from the
+// store and the delta: every image as the source dumped it, byte for
+// byte. Each pages image's digest is checked (ErrMismatch). On error
+// nothing is left at imgDir. The store releases pages as they are used,
+// so memory does not double; after RebuildFinal, successful or not, the
+// store is spent and only Close remains.
+func (s *Store) RebuildFinal(ctx context.Context, conn *transfer.Conn, imgDir string) (st FinalStats, err error) {
+	start := time.Now()
+	defer func() { st.Duration = time.Since(start) }()
+	mst, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{})
+	st.MetaBytes = mst.WireBytes
+	if err != nil {
+		return st, fmt.Errorf("precopy rebuild: %w", err)
+	}
+	fb := &finalBuilder{s: s, dir: imgDir, st: &st, pending: map[uint32]linux.MemRange{}}
+	dst, err := s.receive(ctx, conn, fb.apply)
+	st.DeltaBytes = dst.WireBytes
+	if err != nil {
+		return st, fmt.Errorf("precopy rebuild: %w", errors.Join(err, fb.abandon(), os.RemoveAll(imgDir)))
+	}
+	s.log.Debug("precopy rebuilt images", "dir", imgDir, "images", st.Images, "pages", st.Pages,
+		"held", st.HeldPages, "copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages,
+		"ms", time.Since(start).Milliseconds())
+	return st, nil
+}
+
+// finalBuilder writes pages images from a final delta.
+type finalBuilder struct {
+	s   *Store
+	dir string
+	st  *FinalStats
+
+	// The image being written (nil between images).
+	w    *imageWriter
+	name string
+	want uint32 // pages its begin record announced
+
+	// pending are ranges of store files to release (one per pid, grown
+	// while the delta walks a process's pages in order).
+	pending map[uint32]linux.MemRange
+}
+
+func (b *finalBuilder) apply(d *decoder) error {
+	if _, err := readBegin(d, kindFinal); err != nil {
+		return err
+	}
+	var records, pages uint64
+	for {
+		r, err := d.next()
+		if err != nil {
+			return eofCorrupt(err)
+		}
+		if isPages(r.typ) && b.w == nil {
+			return fmt.Errorf("%w: %v outside a pages image", ErrCorrupt, r)
+		}
+		switch r.typ {
+		case recFile:
+			err = b.begin(r)
+		case recFileEnd:
+			err = b.end(r)
+		case recData, recZero, recCopy, recHeld:
+			err = b.pagesOf(r)
+			pages += uint64(r.count)
+		case recEnd:
+			if b.w != nil {
+				return fmt.Errorf("%w: end inside pages image %s", ErrCorrupt, b.name)
+			}
+			if r.addr != pages || r.saddr != records+1 {
+				return fmt.Errorf("%w: end record says %d pages in %d records, got %d in %d", ErrCorrupt, r.addr, r.saddr, pages, records+1)
+			}
+			if err := b.release(); err != nil {
+				return err
+			}
+			return expectEnd(d)
+		default:
+			return fmt.Errorf("%w: %v in a final delta", ErrCorrupt, r)
+		}
+		if err != nil {
+			return err
+		}
+		records++
+	}
+}
+
+func (b *finalBuilder) begin(r record) error {
+	if b.w != nil {
+		return fmt.Errorf("%w: pages image %d begins inside %s", ErrCorrupt, r.addr, b.name)
+	}
+	b.name = filepath.Join(b.dir, fmt.Sprintf("pages-%d.img", r.addr))
+	perm := fs.FileMode(r.spid).Perm()
+	f, err := os.OpenFile(b.name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if err != nil {
+		return err
+	}
+	if err := f.Chmod(perm); err != nil { // not subject to the umask
+		f.Close()
+		return err
+	}
+	b.w, b.want = newImageWriter(f), r.count
+	b.st.Images++
+	return nil
+}
+
+func (b *finalBuilder) end(r record) error {
+	if b.w == nil {
+		return fmt.Errorf("%w: pages image end outside an image", ErrCorrupt)
+	}
+	w := b.w
+	b.w = nil
+	if err := w.close(); err != nil {
+		return err
+	}
+	b.st.DumpBytes += int64(w.pages) * PageSize
+	if w.pages != b.want || r.count != w.pages {
+		return fmt.Errorf("%w: %s has %d pages, announced %d and %d", ErrCorrupt, b.name, w.pages, b.want, r.count)
+	}
+	if got := w.sum; got != r.addr {
+		return fmt.Errorf("%w: %s digest %016x, the dump's %016x", ErrMismatch, b.name, got, r.addr)
+	}
+	return nil
+}
+
+// pagesOf appends a page record's pages to the image being written and
+// marks the store's copy at their own address for release.
+func (b *finalBuilder) pagesOf(r record) error {
+	s, st, w := b.s, b.st, b.w
+	if uint64(w.pages)+uint64(r.count) > uint64(b.want) {
+		return fmt.Errorf("%w: %s gets more than its %d pages", ErrCorrupt, b.name, b.want)
+	}
+	st.Pages += int64(r.count)
+	switch r.typ {
+	case recData:
+		st.DataPages += int64(r.count)
+		w.write(r.data)
+	case recZero:
+		st.ZeroPages += int64(r.count)
+		w.zeros(r.count)
+	case recHeld, recCopy:
+		pid, addr := r.pid, r.addr
+		if r.typ == recCopy {
+			pid, addr = r.spid, r.saddr
+			st.CopyPages += int64(r.count)
+		} else {
+			st.HeldPages += int64(r.count)
+		}
+		// Read straight into the image's buffer.
+		n := uint64(r.count) * PageSize
+		for off := uint64(0); off < n; {
+			sp := w.space()
+			k := min(uint64(len(sp)), n-off)
+			if err := s.read(pid, addr+off, sp[:k]); err != nil {
+				return err
+			}
+			w.commit(int(k))
+			off += k
+		}
+	}
+	if r.pid != 0 {
+		return b.consume(r.pid, linux.MemRange{Start: r.addr, End: r.addr + uint64(r.count)*PageSize})
+	}
+	return nil
+}
+
+// releaseBytes is how much of a store file consume lets accumulate before
+// releasing it: memory stays near one copy of the state while few
+// punches are made.
+const releaseBytes = 32 << 20
+
+// consume notes that the store's pages at rg of pid are no longer needed:
+// the source never refers to them again. Adjacent ranges are merged and
+// released together.
+func (b *finalBuilder) consume(pid uint32, rg linux.MemRange) error {
+	p, ok := b.pending[pid]
+	if ok && p.End == rg.Start && p.Len() < releaseBytes {
+		p.End = rg.End
+		b.pending[pid] = p
+		return nil
+	}
+	b.pending[pid] = rg
+	if ok {
+		return b.punch(pid, p)
+	}
+	return nil
+}
+
+func (b *finalBuilder) release() error {
+	for pid, rg := range b.pending {
+		if err := b.punch(pid, rg); err != nil {
+			return err
+		}
+		delete(b.pending, pid)
+	}
+	return nil
+}
+
+func (b *finalBuilder) punch(pid uint32, rg linux.MemRange) error {
+	f, ok := b.s.files[pid]
+	if !ok {
+		return nil // nothing was ever stored for pid
+	}
+	return linux.PunchHole(f, int64(rg.Start), int64(rg.Len()))
+}
+
+// abandon closes a half-written image after a failure.
+func (b *finalBuilder) abandon() error {
+	if b.w == nil {
+		return nil
+	}
+	err := b.w.close()
+	b.w = nil
+	return err
+}
