@@ -20,7 +20,10 @@ const holdQueue = 0
 // kernel, unverdicted, until the service is restored, then lets them all
 // through at once: the client's retransmissions are answered the moment
 // the service is back instead of after its next, backed-off retransmission
-// timeout (CRIU's lock chain would drop them). Safe for concurrent use.
+// timeout (CRIU's lock chain would drop them). It only sees what reaches
+// the namespace: the node's bridge must forward the service's MAC to its
+// veth throughout, which takes a sticky entry (Plane.PinLocal). Safe for
+// concurrent use.
 type Holder struct {
 	ns     string
 	nf     *nfqueue.Nfqueue

@@ -1,0 +1,172 @@
+package netplane
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/testutil"
+	"github.com/vishvananda/netlink"
+)
+
+// holdPair is a service namespace (its link is eth0, where the Holder
+// acts) and a client namespace joined by a veth pair, with a UDP socket on
+// each side.
+type holdPair struct {
+	svcNS  string
+	client *net.UDPConn
+	server *net.UDPConn
+	to     *net.UDPAddr
+}
+
+func newHoldPair(t *testing.T) *holdPair {
+	t.Helper()
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "iptables", "nsenter")
+	svc, cli := testutil.NewNetNS(t, "hlds"), testutil.NewNetNS(t, "hldc")
+	sns, err := linux.OpenNetNS(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sns.Close()
+	ch, err := linux.Handle(cli)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ch.Close()
+	if err := ch.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "cl0"}, PeerName: "eth0", PeerNamespace: netlink.NsFd(int(sns))}); err != nil {
+		t.Fatalf("veth: %v", err)
+	}
+	sh, err := linux.Handle(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sh.Close()
+	for _, side := range []struct {
+		h    *netlink.Handle
+		name string
+		ip   net.IP
+	}{{ch, "cl0", net.IPv4(10, 232, 0, 1)}, {sh, "eth0", net.IPv4(10, 232, 0, 2)}} {
+		l, err := side.h.LinkByName(side.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := side.h.AddrAdd(l, &netlink.Addr{IPNet: &net.IPNet{IP: side.ip, Mask: net.CIDRMask(24, 32)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := side.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The path works (neighbours resolved) before anything is held; a
+	// throwaway socket keeps the warm-up traffic out of the test's.
+	warm := udpIn(t, svc, 0)
+	p := &holdPair{svcNS: svc, server: warm, client: udpIn(t, cli, 0)}
+	p.to = &net.UDPAddr{IP: net.IPv4(10, 232, 0, 2), Port: warm.LocalAddr().(*net.UDPAddr).Port}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		p.send(t, "warm-up")
+		_, err := p.recv(100 * time.Millisecond)
+		return err
+	})
+	p.server = udpIn(t, svc, 0)
+	p.to = &net.UDPAddr{IP: net.IPv4(10, 232, 0, 2), Port: p.server.LocalAddr().(*net.UDPAddr).Port}
+	return p
+}
+
+func (p *holdPair) send(t *testing.T, msg string) {
+	t.Helper()
+	if _, err := p.client.WriteToUDP([]byte(msg), p.to); err != nil {
+		t.Fatalf("send %q: %v", msg, err)
+	}
+}
+
+// recv reads one datagram at the service, waiting at most d.
+func (p *holdPair) recv(d time.Duration) (string, error) {
+	buf := make([]byte, 256)
+	_ = p.server.SetReadDeadline(time.Now().Add(d))
+	n, _, err := p.server.ReadFromUDP(buf)
+	return string(buf[:n]), err
+}
+
+func holdRulePresent(ns string) bool {
+	return linux.Command(ns, "iptables", "-w", "-t", "mangle", "-C", "PREROUTING", "-i", "eth0",
+		"-j", "NFQUEUE", "--queue-num", fmt.Sprint(holdQueue), "--queue-bypass").Run() == nil
+}
+
+// TestHolder: packets arriving while held reach nobody; Release delivers
+// every one of them in arrival order, Drop none, and both leave the path
+// open and the rule removed.
+func TestHolder(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		release   bool
+		wantHeld  int
+		wantLater bool // the held packets arrive after the end
+	}{
+		{"release delivers in order", true, 5, true},
+		{"drop discards", false, 3, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newHoldPair(t)
+			h, err := Hold(p.svcNS)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ended := false
+			t.Cleanup(func() {
+				if !ended {
+					_ = h.Drop()
+				}
+			})
+			if !holdRulePresent(p.svcNS) {
+				t.Fatal("hold rule missing while holding")
+			}
+			var sent []string
+			for i := range tc.wantHeld {
+				msg := fmt.Sprintf("held-%d", i)
+				sent = append(sent, msg)
+				p.send(t, msg)
+			}
+			testutil.Eventually(t, 5*time.Second, func() error {
+				if n := h.Held(); n != tc.wantHeld {
+					return fmt.Errorf("held %d of %d", n, tc.wantHeld)
+				}
+				return nil
+			})
+			// Every packet is in the queue, so none can have reached the socket.
+			if got, err := p.recv(50 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("while held the service read %q (err %v)", got, err)
+			}
+			if tc.release {
+				n, err := h.Release()
+				if err != nil || n != tc.wantHeld {
+					t.Fatalf("Release = %d, %v; want %d", n, err, tc.wantHeld)
+				}
+			} else if err := h.Drop(); err != nil {
+				t.Fatalf("Drop: %v", err)
+			}
+			ended = true
+			if holdRulePresent(p.svcNS) {
+				t.Fatal("hold rule left behind")
+			}
+			if tc.wantLater {
+				for _, want := range sent {
+					got, err := p.recv(2 * time.Second)
+					if err != nil || got != want {
+						t.Fatalf("after release read %q (err %v), want %q", got, err, want)
+					}
+				}
+			}
+			// The path is open again: the next packet is the next one read.
+			p.send(t, "after")
+			got, err := p.recv(2 * time.Second)
+			if err != nil || got != "after" {
+				t.Fatalf("after the end read %q (err %v), want \"after\"", got, err)
+			}
+		})
+	}
+}
