@@ -5,10 +5,8 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
-	"syscall"
 
 	"github.com/edgehop/edgehop/internal/linux"
-	"github.com/vishvananda/netlink"
 )
 
 // criuLockRules is CRIU's own network-lock chain (criu/netfilter.c): every
@@ -61,26 +59,6 @@ func Unlock(nsPath string) error {
 // Locked reports whether the CRIU lock chain is present in nsPath.
 func Locked(nsPath string) bool {
 	return linux.Command(nsPath, "iptables", "-w", "-n", "-L", "CRIU").Run() == nil
-}
-
-// SetLocal pins mac to the container's node-side veth in the bridge's
-// forwarding table, so the first packets after a migration need no
-// learning.
-func (p *Plane) SetLocal(mac net.HardwareAddr, container string) error {
-	l, err := p.h.LinkByName(HostIfName(container))
-	if err != nil {
-		return fmt.Errorf("veth of %s: %w", container, err)
-	}
-	br, err := p.h.LinkByName(BridgeName)
-	if err != nil {
-		return err
-	}
-	n := &netlink.Neigh{LinkIndex: l.Attrs().Index, MasterIndex: br.Attrs().Index, Family: syscall.AF_BRIDGE,
-		State: netlink.NUD_NOARP, Flags: netlink.NTF_MASTER, HardwareAddr: mac}
-	if err := p.h.NeighSet(n); err != nil {
-		return fmt.Errorf("bridge fdb %v: %w", mac, err)
-	}
-	return nil
 }
 
 // GatewayMAC is the gateway's bridge MAC, derived from its address like
