@@ -15,7 +15,7 @@
 // It listens on plain TCP (never MPTCP, which CRIU cannot dump) and answers
 // "check", "stats" and "ping" lines. It is built static (CGO_ENABLED=0) and
 // survives CRIU checkpoint/restore with --tcp-established: its pacing
-// restarts after a freeze instead of catching up.
+// skips the time of a freeze instead of catching up.
 package main
 
 import (

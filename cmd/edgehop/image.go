@@ -5,6 +5,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -15,7 +17,7 @@ func init() {
 	register(command{name: "image", summary: "local OCI images: 'image build', 'image ls', 'image import'", run: runImage})
 }
 
-const imageUsage = "usage: edgehop image build [--force] [--probe PATH] [--json] [-v] [probe|services|all]\n" +
+const imageUsage = "usage: edgehop image build [--force] [--probe PATH] [--json] [-v] [probe|services|dprgen|all]\n" +
 	"       edgehop image ls [--json]\n" +
 	"       edgehop image import NAME PATH   (OCI layout directory, OCI archive or docker save tar)\n" +
 	"every form takes --root DIR (env EDGEHOP_IMAGE_ROOT, default " + image.DefaultRoot + ")"
@@ -51,17 +53,23 @@ func imageBuild(ctx context.Context, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	names := image.Builtins()
+	names := append(image.Builtins(), image.Workloads()...)
 	switch {
 	case fs.NArg() > 1:
-		return fmt.Errorf("%w: one of probe, services, all", errUsage)
+		return fmt.Errorf("%w: one of %s, all", errUsage, strings.Join(names, ", "))
 	case fs.NArg() == 1 && fs.Arg(0) != "all":
 		names = []string{fs.Arg(0)}
 	}
 	opts := image.BuildOptions{Root: *root, Force: *force, ProbeBinary: *probeBin, Mirror: *mirror, Logger: logger(*verbose)}
 	var results []image.Result
 	for _, n := range names {
-		res, err := image.Build(ctx, n, opts)
+		var res image.Result
+		var err error
+		if slices.Contains(image.Workloads(), n) {
+			res, err = image.BuildWorkload(ctx, n, image.WorkloadOptions{Root: *root, Force: *force, Logger: opts.Logger})
+		} else {
+			res, err = image.Build(ctx, n, opts)
+		}
 		if err != nil {
 			return err
 		}

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os/exec"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
@@ -85,14 +84,13 @@ const (
 	probeName  = "probe"              // the edgehop-managed probe container
 	probePort  = "7000"               // the probe's port (the image's default)
 	podmanIP   = "10.200.250.10"      // the podman container's overlay address, outside every node's range
-	redisPort  = "6379"               //
+	redisPort  = "6379"               // redis in the sweep
 	redisValue = 100_000              // bytes per redis value in the sweep
 	nodeA      = 0                    // index of the first node
 	nodeB      = 1                    // index of the second node
 	tbPrefix   = "bc"                 // testbed names: bc + 8 hex digits
 	ulimitNo   = "nofile=16384:16384" // podman: explicit limits, root here lacks CAP_SYS_RESOURCE
-	ulimitProc = "nproc=4096:4096"    //
-	redisCmd   = "redis-server --port 6379 --bind 0.0.0.0 --protected-mode no --save '' --appendonly no"
+	ulimitProc = "nproc=4096:4096"    // (podman's defaults exceed the hard limits)
 )
 
 func redisArgs() []string {
@@ -140,7 +138,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	spec := testbed.Spec{Name: name,
 		Nodes:   []testbed.Endpoint{{Name: "node0", Link: cfg.NodeLink}, {Name: "node1", Link: cfg.NodeLink}},
 		Clients: []testbed.Endpoint{{Name: "client0", Link: cfg.ClientLink}}}
-	log.Info("testbed up", "name", name)
+	log.Info("bringing the testbed up", "name", name)
 	st, err := testbed.Up(ctx, spec, testbed.Options{Root: cfg.Root, Binary: cfg.Binary, ImageRoot: cfg.ImageRoot, Log: log})
 	if err != nil {
 		return nil, fmt.Errorf("testbed up: %w", err)
@@ -317,21 +315,18 @@ func notes(r *Report) []string {
 	if r.Baseline.Available {
 		n = append(n,
 			"podman path: checkpoint --tcp-established --export (podman's default zstd archive) on a tmpfs, the archive sent node to node over the shaped link by a plain TCP copy, restore --tcp-established --import into a namespace with the same IP/MAC and CRIU's lock chain prepared before the freeze, then the same FDB switch edgehop uses",
-			"podman's image and container storage is host-global: the destination never fetches the image (a shortcut a real second host would not get); the source container is removed ('rm' phase, overlapping the transfer) because podman cannot restore --tcp-established under a new name",
+			"podman's image and container storage is host-global: the destination never fetches the image (a shortcut a real second host would not get); while the archive travels, the source's veth and container are removed (the 'rm' phase is only what outlasts the transfer), since podman cannot restore --tcp-established under a new name",
 		)
 	}
+	n = append(n, "a client's TCP retransmission back-off (RTO at least 200 ms, doubling) decides when it next reaches a restored service, so the gap can be longer than the downtime; and before the FDB switch, traffic can already reach the destination through the source node's flooding once the source's veth is gone, so it can also be shorter")
+	if len(r.Sweep) > 0 {
+		n = append(n, "sweep: redis filled from the client with random (incompressible) 100 kB values; the services image unpacked on both edgehop nodes before measuring, as podman's host-global storage never needs to; one migration per size and path, node0 -> node1 (edgehop post-copy back)")
+	}
 	for _, s := range []Side{r.Side, r.Baseline} {
-		if s.Available && s.Resets+s.ConnErrors > 0 {
-			n = append(n, fmt.Sprintf("%s: the probe connection broke (%d resets, %d other errors); a new connection was opened after the migration, and the gap runs until its first reply", s.Path, s.Resets, s.ConnErrors))
+		if s.Available && s.Probe.Connections > 1 {
+			n = append(n, fmt.Sprintf("%s: the probe needed %d connections (%d resets, %d other errors, or a connection silent for %v); each new one was opened after a migration, and that migration's gap runs until its first reply",
+				s.Path, s.Probe.Connections, s.Resets, s.ConnErrors, recoverTimeout))
 		}
 	}
 	return n
-}
-
-// lookPodman reports whether podman is installed.
-func lookPodman() error {
-	if _, err := exec.LookPath("podman"); err != nil {
-		return fmt.Errorf("podman not installed: %w", err)
-	}
-	return nil
 }

@@ -1,7 +1,7 @@
 package bench
 
 import (
-	"slices"
+	"sort"
 	"time"
 )
 
@@ -23,9 +23,9 @@ type Gap struct {
 // interval runs to end (the moment observation stopped) and the gap is
 // Open. With no reply before the window the interval starts at from.
 func LongestGap(replies []time.Time, from, to, end time.Time) Gap {
-	// First reply at or after from; the one before it opens the first
-	// interval that can overlap.
-	i, _ := slices.BinarySearchFunc(replies, from, func(a, b time.Time) int { return a.Compare(b) })
+	// First reply after from; the one before it opens the first interval
+	// that can overlap.
+	i := sort.Search(len(replies), func(k int) bool { return replies[k].After(from) })
 	prev := from
 	if i > 0 {
 		prev = replies[i-1]

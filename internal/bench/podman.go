@@ -166,7 +166,7 @@ func (p *podman) start(ctx context.Context, s *service) error {
 	if err := pl.Attach(p.endpoint(s, s.nsPath), false); err != nil {
 		return fmt.Errorf("attach %s: %w", s.name, err)
 	}
-	if err := pl.SetLocal(s.mac(), s.name); err != nil {
+	if err := pl.PinLocal(s.mac(), s.name); err != nil {
 		return err
 	}
 	if err := p.announce(ctx, s); err != nil {
@@ -299,13 +299,17 @@ func (p *podman) migrate(ctx context.Context, s *service, to int) (r Migration, 
 	addStats(r.CRIU, stats)
 	tm.Mark(migration.PhaseDump)
 
-	// The source container must go before a restore under its name (one
-	// podman storage for both "hosts"); it is removed while the archive
-	// travels.
+	// While the archive travels: the source's veth goes (its namespace is
+	// still locked, so nothing has answered there; destroying a namespace
+	// that still has a live link briefly runs it without its netfilter
+	// rules, and a client retransmission arriving then is answered with a
+	// reset), and the source container is removed, because a restore under
+	// its name needs that with one podman storage for both "hosts".
 	rmDone := make(chan error, 1)
 	go func() { // waited for below
+		derr := p.planes[from].Detach(s.name)
 		_, err := podmanCmd(context.WithoutCancel(ctx), "rm", s.name)
-		rmDone <- err
+		rmDone <- errors.Join(derr, err)
 	}()
 	n, serr := ship(ctx, p.e.node(from).NetNSPath, p.e.node(to).NetNSPath, p.e.node(to).Address, out, in)
 	tm.Mark(migration.PhaseTransfer)
@@ -334,7 +338,7 @@ func (p *podman) migrate(ctx context.Context, s *service, to int) (r Migration, 
 	tm.Mark(migration.PhaseRestore)
 
 	s.loc = to
-	if err := p.planes[to].SetLocal(s.mac(), s.name); err != nil {
+	if err := p.planes[to].PinLocal(s.mac(), s.name); err != nil {
 		return r, err
 	}
 	if err := p.announce(ctx, s); err != nil {
@@ -343,7 +347,7 @@ func (p *podman) migrate(ctx context.Context, s *service, to int) (r Migration, 
 	r.DowntimeMs = migration.Ms(tm.Downtime())
 	tm.Mark(migration.PhaseNetwork)
 
-	err = errors.Join(p.planes[from].Detach(s.name), os.Remove(out), os.Remove(in))
+	err = errors.Join(os.Remove(out), os.Remove(in))
 	tm.Mark(migration.PhaseCleanup)
 	return r, err
 }
@@ -410,4 +414,12 @@ func (p *podman) continuity(ctx context.Context) (side Side, err error) {
 		return side, err
 	}
 	return summarize(side, runs, obs, p.e.cfg.Window), nil
+}
+
+// lookPodman reports whether podman is installed.
+func lookPodman() error {
+	if _, err := exec.LookPath("podman"); err != nil {
+		return fmt.Errorf("podman not installed: %w", err)
+	}
+	return nil
 }

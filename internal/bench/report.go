@@ -8,12 +8,14 @@ import (
 // Migration is one measured migration.
 type Migration struct {
 	Index       int                `json:"run"`
+	Started     time.Time          `json:"started"` // when the migration was requested
 	From        string             `json:"from"`
 	To          string             `json:"to"`
 	OK          bool               `json:"ok"`
 	Error       string             `json:"error,omitempty"`
 	GapMs       float64            `json:"gap_ms"`
 	GapOpen     bool               `json:"gap_open,omitempty"` // no reply came after the gap: a lower bound
+	GapStartMs  float64            `json:"gap_start_ms"`       // when the gap began, from the migration request
 	DowntimeMs  float64            `json:"downtime_ms"`
 	TotalMs     float64            `json:"total_ms"`
 	PhasesMs    map[string]float64 `json:"phases_ms"`
@@ -114,8 +116,8 @@ type SweepRow struct {
 	DowntimeMs     float64            `json:"downtime_ms"`
 	TotalMs        float64            `json:"total_ms"`
 	PhasesMs       map[string]float64 `json:"phases_ms,omitempty"`
-	StateBytes     int64              `json:"state_bytes"`   // checkpoint payload (edgehop) or exported archive (podman)
-	BytesOnWire    int64              `json:"bytes_on_wire"` // between the two nodes
+	StateBytes     int64              `json:"state_bytes"`   // checkpoint payload as the migration result reports it (edgehop) or the exported archive (podman)
+	BytesOnWire    int64              `json:"bytes_on_wire"` // between the two nodes, as the migration result reports it
 	// ConnectionKept: the connection that filled redis answered PING and
 	// DBSIZE (with every key) after the migration.
 	ConnectionKept bool `json:"connection_kept"`
@@ -134,7 +136,8 @@ func summarize(s Side, runs []Migration, o observation, window time.Duration) Si
 	for i := range runs {
 		r := &runs[i]
 		g := LongestGap(o.replyTimes, r.start, r.end.Add(window), o.end)
-		r.GapMs, r.GapOpen = ms(g.Length), g.Open
+		r.GapMs, r.GapOpen, r.GapStartMs = ms(g.Length), g.Open, ms(g.Start.Sub(r.start))
+		r.Started = r.start.UTC()
 		if !r.OK {
 			s.Failed++
 			continue
@@ -182,7 +185,7 @@ func goals(r *Report) []Goal {
 
 // phaseNames returns the phases of s in migration order, unknown ones last.
 func phaseNames(s Side) []string {
-	order := map[string]int{"prepare": 0, "dump": 1, "transfer": 2, "rm": 3, "restore": 4, "network": 5, "cleanup": 6}
+	order := map[string]int{"prepare": 0, "dump": 1, "transfer": 2, "rm": 3, "restore": 4, "commit": 5, "network": 6, "cleanup": 7, "lazy": 8}
 	var names []string
 	for k := range s.PhasesMs {
 		names = append(names, k)

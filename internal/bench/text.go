@@ -70,18 +70,18 @@ func (r *Report) WriteText(w io.Writer) error {
 
 	if len(r.Sweep) > 0 {
 		p("\nSWEEP: redis filled with random %d kB values, migrated node0 -> node1 (post-copy back)\n", redisValue/1000)
-		p("SIZE MB\tPATH\tDOWNTIME ms\tTOTAL ms\tSTATE\tREDIS USED\tCONNECTION KEPT\tNOTE\n")
+		p("SIZE MB\tPATH\tDOWNTIME ms\tTOTAL ms\tSTATE\tON WIRE\tREDIS USED\tCONNECTION KEPT\tNOTE\n")
 		for _, s := range r.Sweep {
 			if !s.Available {
-				p("%d\t%s\t-\t-\t-\t-\t-\tunavailable: %s\n", s.SizeMB, s.Path, s.Reason)
+				p("%d\t%s\t-\t-\t-\t-\t-\t-\tunavailable: %s\n", s.SizeMB, s.Path, s.Reason)
 				continue
 			}
 			note := s.Error
 			if s.OK && note == "" {
 				note = "ok"
 			}
-			p("%d\t%s\t%.1f\t%.1f\t%s\t%s\t%v\t%s\n", s.SizeMB, s.Path, s.DowntimeMs, s.TotalMs,
-				bytesText(s.StateBytes), bytesText(s.RedisUsedBytes), s.ConnectionKept, note)
+			p("%d\t%s\t%.1f\t%.1f\t%s\t%s\t%s\t%v\t%s\n", s.SizeMB, s.Path, s.DowntimeMs, s.TotalMs,
+				bytesText(s.StateBytes), bytesText(s.BytesOnWire), bytesText(s.RedisUsedBytes), s.ConnectionKept, note)
 		}
 	}
 	if err := tw.Flush(); err != nil {

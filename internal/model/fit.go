@@ -60,8 +60,10 @@ const PooledStrategy = "*"
 
 // Relation is one fitted linear relation with its goodness of fit. Lines
 // and ratios are fitted by least squares on relative errors (weights 1/y²,
-// as timings scatter in proportion to their size); a constant is the mean.
-// R² and RMSE are the ordinary, unweighted ones.
+// as timings scatter in proportion to their size), made robust with Huber's
+// weights (robustWLSQ) so a migration slowed by a neighbour's load does not
+// drag the fit; a constant is the Huber mean. R² and RMSE are the ordinary,
+// unweighted ones.
 type Relation struct {
 	Name        string    `json:"name"`
 	Observation string    `json:"observation"` // paper equation and observation it estimates
@@ -244,12 +246,12 @@ func (f fitter) fit(name, obs, y string, x []string, kind string, pts []point, d
 	var ok bool
 	switch kind {
 	case "constant":
-		r, ok = lsq(make([][]float64, len(pts)), ys, true)
+		r, ok = robustWLSQ(make([][]float64, len(pts)), ys, nil, true)
 		rel.X = nil
 	case "ratio":
-		r, ok = wlsq(xs, ys, w, false)
+		r, ok = robustWLSQ(xs, ys, w, false)
 	default:
-		r, ok = wlsq(xs, ys, w, true)
+		r, ok = robustWLSQ(xs, ys, w, true)
 		if ok {
 			f.keepDefaults(&r, &rel, pts, def)
 		}
@@ -510,7 +512,9 @@ func fitGroup(pair, strategy string, samples []Sample) (FittedSet, error) {
 		p.LiveReadMs = math.Max(0, r.intercept)
 		p.LiveReadMsPerByte = math.Max(0, r.slopes[0])
 	}
-	// Lazy pulls: processing per pulled byte and per already-copied byte.
+	// Lazy pulls: a fixed cost, processing per pulled byte and per
+	// already-copied byte, and the pages the service faulted on before the
+	// pull brought them, min(R·T_lazy, pulled pages) (eq. 6).
 	lazyY := func(s Sample) (float64, bool) {
 		v, ok := s.PhasesMs[PhaseLazy]
 		b, okb := s.CRIU[KeyLazyBytes]
@@ -525,16 +529,16 @@ func fitGroup(pair, strategy string, samples []Sample) (FittedSet, error) {
 		if Strategy(s.Strategy) == Hybrid {
 			local = math.Max(0, p.NuPPerByte*float64(s.StateBytes)*p.PageBytes-b)
 		}
-		return []float64{b, local}
+		faults := math.Min(s.DirtyRate*s.PhasesMs[PhaseLazy]/1000, b/p.PageBytes)
+		return []float64{b, local, faults}
 	}
-	if r, ok := f.fit("lazy", "edgehop lazy pull: lazy − network = lazy_per_byte·pulled + install_per_byte·local", "phases.lazy − network (ms)", []string{"lazy_bytes", "local_bytes (hybrid)"}, "ratio",
-		collectSized(lazyY, lazyX, uncompressed, phaseSize(PhaseLazy))); ok {
-		if r.used[0] {
-			p.LazyMsPerByte = math.Max(0, r.slopes[0])
-		}
-		if r.used[1] {
-			p.LocalInstallMsPerByte = math.Max(0, r.slopes[1])
-		}
+	if r, ok := f.fit("lazy", "edgehop lazy pull: lazy − network = fixed + lazy_per_byte·pulled + install_per_byte·local + fault·min(R·T_lazy, pages)", "phases.lazy − network (ms)",
+		[]string{"lazy_bytes", "local_bytes (hybrid)", "faulted_pages"}, "linear",
+		collectSized(lazyY, lazyX, uncompressed, phaseSize(PhaseLazy)), p.LazyFixedMs, p.LazyMsPerByte, p.LocalInstallMsPerByte, p.LazyFaultMsPerPage); ok {
+		p.LazyFixedMs = math.Max(0, r.intercept)
+		p.LazyMsPerByte = math.Max(0, r.slopes[0])
+		p.LocalInstallMsPerByte = math.Max(0, r.slopes[1])
+		p.LazyFaultMsPerPage = math.Max(0, r.slopes[2])
 	}
 	// ρ with compression on (eq. 2).
 	compY := func(s Sample) (float64, bool) {

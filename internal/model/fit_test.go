@@ -26,6 +26,7 @@ func machine() Params {
 	p.DiffMsPerByte = 5e-7
 	p.LiveReadMs, p.LiveReadMsPerByte = 3, 8e-7
 	p.LazyMsPerByte, p.LocalInstallMsPerByte = 4e-6, 1e-6
+	p.LazyFixedMs, p.LazyFaultMsPerPage = 300, 0.05
 	p.CompressRatio = 0.6
 	p.PrepareMs, p.CleanupMs = 50, 20
 	return p
@@ -176,6 +177,8 @@ func TestFitRecoversCoefficients(t *testing.T) {
 		{"live read per byte", pooled.LiveReadMsPerByte, truth.LiveReadMsPerByte, 0.10},
 		{"lazy per byte", pooled.LazyMsPerByte, truth.LazyMsPerByte, 0.10},
 		{"local install per byte", pooled.LocalInstallMsPerByte, truth.LocalInstallMsPerByte, 0.25},
+		{"lazy fixed", pooled.LazyFixedMs, truth.LazyFixedMs, 0.15},
+		{"lazy fault per page", pooled.LazyFaultMsPerPage, truth.LazyFaultMsPerPage, 0.10},
 		{"compress ratio", pooled.CompressRatio, truth.CompressRatio, 1e-6},
 		{"prepare", pooled.PrepareMs, truth.PrepareMs, 0.02},
 		{"cleanup", pooled.CleanupMs, truth.CleanupMs, 0.02},
@@ -378,5 +381,44 @@ func TestSyntheticSamplesFile(t *testing.T) {
 	}
 	if _, err := Fit(back); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// A migration slowed by a neighbour's load is an outlier: the robust fit
+// keeps the line the other points follow, where plain least squares is
+// pulled away.
+func TestRobustFitResistsOutlier(t *testing.T) {
+	var x [][]float64
+	var y []float64
+	for i := 0; i < 12; i++ {
+		xi := float64(10 + 10*i)
+		yi := (100 + 3*xi) * (1 + 0.01*float64(i%3-1)) // ±1% noise
+		if i == 7 {
+			yi *= 2.5 // the outlier
+		}
+		x, y = append(x, []float64{xi}), append(y, yi)
+	}
+	w := relWeights(y)
+	plain, ok1 := wlsq(x, y, w, true)
+	robust, ok2 := robustWLSQ(x, y, w, true)
+	if !ok1 || !ok2 {
+		t.Fatal("fit failed")
+	}
+	if math.Abs(robust.slopes[0]-3) > 0.1 || math.Abs(robust.intercept-100) > 8 {
+		t.Errorf("robust fit %.3g + %.3g·x, want 100 + 3·x", robust.intercept, robust.slopes[0])
+	}
+	if math.Abs(plain.slopes[0]-3) < 0.1 && math.Abs(plain.intercept-100) < 8 {
+		t.Errorf("plain fit %.3g + %.3g·x is not pulled by the outlier: the test shows nothing", plain.intercept, plain.slopes[0])
+	}
+	// Constants: a Huber mean, not the mean.
+	c, ok := robustWLSQ(make([][]float64, 9), []float64{30, 31, 29, 30, 32, 28, 30, 31, 250}, nil, true)
+	if !ok || math.Abs(c.intercept-30.2) > 1.5 {
+		t.Errorf("robust constant %v, want about 30", c.intercept)
+	}
+	// Too few points to tell an outlier: the plain fit.
+	few, _ := robustWLSQ(x[:3], y[:3], nil, true)
+	fp, _ := wlsq(x[:3], y[:3], nil, true)
+	if few.intercept != fp.intercept || few.slopes[0] != fp.slopes[0] {
+		t.Errorf("3 points: robust %+v, plain %+v", few, fp)
 	}
 }

@@ -1,6 +1,9 @@
 package model
 
-import "math"
+import (
+	"math"
+	"slices"
+)
 
 // lsqResult is an ordinary least-squares fit y ≈ b₀ + Σ bⱼxⱼ.
 type lsqResult struct {
@@ -145,6 +148,85 @@ func wlsq(x [][]float64, y, w []float64, withIntercept bool) (lsqResult, bool) {
 	if ssTot > 0 {
 		r2 := 1 - ssRes/ssTot
 		res.r2 = &r2
+	}
+	return res, true
+}
+
+// huberK is the tuning constant of Huber's weights: 95% efficiency when
+// the residuals are Gaussian.
+const huberK = 1.345
+
+// robustWLSQ is wlsq made robust to outliers by iteratively reweighted
+// least squares with Huber's weights: a point whose weighted residual
+// exceeds huberK robust standard deviations (1.4826 · median absolute
+// residual) counts with weight huberK·s/|r| instead of 1. A migration
+// slowed down by a neighbour's load then pulls the fit much less. With
+// fewer than 2·coefficients + 1 points there is no telling an outlier, and
+// it returns the plain fit.
+func robustWLSQ(x [][]float64, y, w []float64, withIntercept bool) (lsqResult, bool) {
+	res, ok := wlsq(x, y, w, withIntercept)
+	if !ok {
+		return res, false
+	}
+	coef := 0
+	if withIntercept {
+		coef++
+	}
+	for _, u := range res.used {
+		if u {
+			coef++
+		}
+	}
+	n := len(y)
+	if n < 2*coef+1 {
+		return res, true
+	}
+	base := w
+	if base == nil {
+		base = make([]float64, n)
+		for i := range base {
+			base[i] = 1
+		}
+	}
+	resid := make([]float64, n)
+	abs := make([]float64, n)
+	rw := make([]float64, n)
+	for iter := 0; iter < 50; iter++ {
+		for i := range n {
+			pred := res.intercept
+			for j, v := range res.slopes {
+				pred += v * x[i][j]
+			}
+			resid[i] = (y[i] - pred) * math.Sqrt(base[i])
+			abs[i] = math.Abs(resid[i])
+		}
+		slices.Sort(abs)
+		med := abs[n/2]
+		if n%2 == 0 {
+			med = (abs[n/2-1] + abs[n/2]) / 2
+		}
+		sc := 1.4826 * med
+		if !(sc > 0) {
+			break
+		}
+		for i := range n {
+			rw[i] = base[i]
+			if a := math.Abs(resid[i]); a > huberK*sc {
+				rw[i] *= huberK * sc / a
+			}
+		}
+		next, ok := wlsq(x, y, rw, withIntercept)
+		if !ok {
+			break
+		}
+		done := math.Abs(next.intercept-res.intercept) <= 1e-9*(1+math.Abs(res.intercept))
+		for j := range next.slopes {
+			done = done && math.Abs(next.slopes[j]-res.slopes[j]) <= 1e-9*(1+math.Abs(res.slopes[j]))
+		}
+		res = next
+		if done {
+			break
+		}
 	}
 	return res, true
 }

@@ -88,6 +88,14 @@ type Params struct {
 	// LocalInstallMsPerByte is the cost of installing a page that a hybrid
 	// migration already copied to the destination.
 	LocalInstallMsPerByte float64 `json:"local_install_ms_per_byte"`
+	// LazyFixedMs is the fixed cost of the lazy phase (starting and
+	// stopping the lazy-pages daemon and the page server).
+	LazyFixedMs float64 `json:"lazy_fixed_ms,omitempty"`
+	// LazyFaultMsPerPage is the extra cost of a page the service touches
+	// before the background pull brought it: a fault served over the link.
+	// The pages faulted are min(R·T_pull, pages), eq. 6's Nᵢ = R·T_{i−1}
+	// with T_pull the lazy phase without faults.
+	LazyFaultMsPerPage float64 `json:"lazy_fault_ms_per_page,omitempty"`
 	// A transfer of V bytes over L bit/s takes NetFixedMs + RTT +
 	// NetFactor·8V/L (PAM: T^net = V/L, i.e. 0 and 1).
 	NetFixedMs float64 `json:"net_fixed_ms"`
@@ -198,6 +206,7 @@ func (p Params) Validate() error {
 		"nu_d.min": p.NuD.Min, "nu_d.max": p.NuD.Max, "psi": p.PsiMs, "omega": p.OmegaMsPerByte,
 		"switch": p.SwitchMs, "live_read": p.LiveReadMs, "live_read_per_byte": p.LiveReadMsPerByte,
 		"diff": p.DiffMsPerByte, "lazy": p.LazyMsPerByte, "local_install": p.LocalInstallMsPerByte,
+		"lazy_fixed": p.LazyFixedMs, "lazy_fault": p.LazyFaultMsPerPage,
 		"net_fixed": p.NetFixedMs, "compress_cost": p.CompressMsPerByte,
 		"prepare": p.PrepareMs, "cleanup": p.CleanupMs, "dirty_rate_max": p.DirtyRateMax,
 		"ns_clear": p.NSClearMs, "ns_conf": p.NSConfMs, "flow": p.FlowMs,

@@ -305,11 +305,26 @@ func (p Params) predictEdgehop(s Strategy, in Inputs) Prediction {
 		}
 		raw := p.Tau1 * remotePages * sigma
 		ms, wire := e.xfer(raw)
-		lazy := ms + p.LazyMsPerByte*remotePages*sigma + p.LocalInstallMsPerByte*localPages*sigma
+		pull := p.LazyFixedMs + ms + p.LazyMsPerByte*remotePages*sigma + p.LocalInstallMsPerByte*localPages*sigma
+		lazy := p.lazyWithFaults(pull, in.DirtyRate, remotePages)
 		pr.add("lazy", lazy, false)
 		pr.SplitMs = lazy
 		pr.BytesOnWire += wire
 	}
 	pr.add("cleanup", p.CleanupMs, false)
 	return pr
+}
+
+// lazyWithFaults adds to a lazy pull of pull ms the faults of the pages the
+// service touches before the pull brings them: as in eq. 6, it touches R
+// pages per second during the whole lazy phase T, at most the pages still
+// remote, so T = pull + c·min(R·T, pages) with c = LazyFaultMsPerPage.
+func (p Params) lazyWithFaults(pull, rate, pages float64) float64 {
+	c := p.LazyFaultMsPerPage
+	if k := c * rate / 1000; k < 1 { // T = pull/(1 − c·R) while R·T < pages
+		if t := pull / (1 - k); rate*t/1000 < pages {
+			return t
+		}
+	}
+	return pull + c*pages
 }

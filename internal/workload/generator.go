@@ -15,7 +15,7 @@ type Config struct {
 	Interval      time.Duration // ΔT of R_min = 1 page/ΔT and R_max = hot/ΔT
 	Seed          uint64
 	Tick          time.Duration // how often due writes are done
-	MaxGap        time.Duration // a longer silence restarts the pacing (Pacer)
+	MaxGap        time.Duration // a longer silence is a freeze the pacing skips (Pacer)
 }
 
 // DefaultConfig is the paper's setting: ΔT = 1 s, R = R_max, writes every
@@ -47,7 +47,7 @@ type Generator struct {
 	mem  *Memory
 	rate float64
 
-	mu    sync.Mutex // guards pacer
+	mu    sync.Mutex // guards pacer; held by Check so no tick sees its pause
 	pacer *Pacer
 }
 
@@ -97,13 +97,26 @@ func (g *Generator) Run(ctx context.Context) error {
 	}
 }
 
+// Check verifies the whole state (Memory.Check). Writes wait while it
+// runs, and the pacer resumes afterwards without taking the pause for a
+// freeze.
+func (g *Generator) Check() CheckResult {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	res := g.mem.Check()
+	if g.pacer != nil {
+		g.pacer.Resume(time.Now())
+	}
+	return res
+}
+
 // Stats describes the generator.
 type Stats struct {
 	Pages  int     `json:"pages"`
 	Hot    int     `json:"hot"`
 	Writes uint64  `json:"writes"`
 	Rate   float64 `json:"rate"` // pages per second
-	Gaps   int     `json:"gaps"` // pacing restarts after a freeze
+	Gaps   int     `json:"gaps"` // freezes (silences over MaxGap) the pacer skipped
 	Seed   uint64  `json:"seed"`
 }
 

@@ -11,16 +11,18 @@ import (
 //
 // A call more than MaxGap after the previous one means the process did not
 // run for a while (frozen by a checkpoint, stopped during a migration,
-// starved of CPU). The pacer then starts over at now instead of catching up:
-// the writes of the gap are skipped, so the dirty rate after a restore is
-// the configured one and not a burst. Gaps counts these restarts.
+// starved of CPU). The pacer then takes the gap out of its clock instead of
+// catching up: the writes of the gap are skipped, so the dirty rate after a
+// restore is the configured one and not a burst, and progress towards the
+// next write is kept (at R_min, one page per second of running time even
+// when freezes come more often than once a second). Gaps counts them.
 //
 // Pacer takes the time as an argument and keeps no clock; it is not safe
 // for concurrent use.
 type Pacer struct {
 	rate   float64       // writes per second
 	maxGap time.Duration // longer silences restart the pacing
-	epoch  time.Time     // start of the current stretch
+	epoch  time.Time     // start, moved forward by every gap
 	last   time.Time     // previous call
 	done   int64         // writes handed out since epoch
 	gaps   int
@@ -39,8 +41,8 @@ func (p *Pacer) Due(now time.Time) int {
 	if now.Before(p.last) {
 		return 0
 	}
-	if now.Sub(p.last) > p.maxGap {
-		p.epoch, p.done = now, 0
+	if gap := now.Sub(p.last); gap > p.maxGap {
+		p.epoch = p.epoch.Add(gap)
 		p.gaps++
 	}
 	p.last = now
@@ -50,7 +52,17 @@ func (p *Pacer) Due(now time.Time) int {
 	return int(max(0, n))
 }
 
-// Gaps is the number of times the pacer restarted after a gap.
+// Resume takes the time since the previous call out of the clock without
+// counting a gap: the caller held the writes back on purpose (a check of
+// the whole state) and resumes them at now.
+func (p *Pacer) Resume(now time.Time) {
+	if now.After(p.last) {
+		p.epoch = p.epoch.Add(now.Sub(p.last))
+		p.last = now
+	}
+}
+
+// Gaps is the number of gaps the pacer took out of its clock.
 func (p *Pacer) Gaps() int { return p.gaps }
 
 // Rate is the pacer's rate in writes per second.

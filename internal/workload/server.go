@@ -80,7 +80,7 @@ func serveConn(c net.Conn, g *Generator) {
 func Answer(g *Generator, req string) string {
 	switch strings.TrimSpace(req) {
 	case "check":
-		return CheckLine(g.Memory().Check())
+		return CheckLine(g.Check())
 	case "stats":
 		return StatsLine(g.Stats())
 	case "ping":

@@ -161,6 +161,7 @@ func TestPacer(t *testing.T) {
 		{"freeze longer than max gap skips its writes", 1000, 250 * time.Millisecond, []step{{10 * time.Millisecond, 10}, {3 * time.Second, 0}, {3010 * time.Millisecond, 10}, {3020 * time.Millisecond, 10}}, 1},
 		{"two freezes", 100, 250 * time.Millisecond, []step{{100 * time.Millisecond, 10}, {time.Second, 0}, {1100 * time.Millisecond, 10}, {5 * time.Second, 0}, {5200 * time.Millisecond, 20}}, 2},
 		{"clock going back", 1000, 250 * time.Millisecond, []step{{100 * time.Millisecond, 100}, {50 * time.Millisecond, 0}, {110 * time.Millisecond, 10}}, 0},
+		{"progress kept across a freeze", 2, 250 * time.Millisecond, []step{{200 * time.Millisecond, 0}, {400 * time.Millisecond, 0}, {2400 * time.Millisecond, 0}, {2500 * time.Millisecond, 1}, {2750 * time.Millisecond, 0}, {2990 * time.Millisecond, 0}, {3000 * time.Millisecond, 1}}, 1},
 		{"rate zero", 0, 250 * time.Millisecond, []step{{100 * time.Millisecond, 0}, {200 * time.Millisecond, 0}}, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -177,6 +178,16 @@ func TestPacer(t *testing.T) {
 				t.Errorf("Gaps = %d, want %d", p.Gaps(), tc.gaps)
 			}
 		})
+	}
+	// A pause the caller announces with Resume is not a gap, and its time
+	// is taken out of the clock.
+	p, _ := NewPacer(100, 250*time.Millisecond, t0)
+	if n := p.Due(t0.Add(100 * time.Millisecond)); n != 10 {
+		t.Fatalf("Due = %d, want 10", n)
+	}
+	p.Resume(t0.Add(900 * time.Millisecond))
+	if n := p.Due(t0.Add(950 * time.Millisecond)); n != 5 || p.Gaps() != 0 {
+		t.Fatalf("after a resumed pause: Due = %d (want 5), gaps %d (want 0)", n, p.Gaps())
 	}
 	if _, err := NewPacer(-1, time.Second, t0); err == nil {
 		t.Error("negative rate accepted")

@@ -1,0 +1,124 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/testutil"
+)
+
+// TestContinuitySmoke runs `edgehop bench continuity --runs 2 --json` end
+// to end (its own testbed, real agents, runc, CRIU and podman) and checks
+// the report's shape, that edgehop's probe connection survived without a
+// reset or a lost byte, and that nothing of the testbed is left behind.
+func TestContinuitySmoke(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter")
+	if _, err := exec.LookPath("podman"); err != nil {
+		t.Skip("podman is not installed: the benchmark's baseline needs it (scripts/setup.sh installs it)")
+	}
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "edgehop")
+	for _, b := range []struct{ out, pkg string }{{bin, "../../cmd/edgehop"}, {filepath.Join(dir, "probe"), "../../cmd/probe"}} {
+		cmd := exec.Command("go", "build", "-o", b.out, b.pkg)
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build %s: %v\n%s", b.pkg, err, out)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "continuity", "--runs", "2", "--json", "--root", filepath.Join(dir, "root"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	start := time.Now()
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("edgehop bench continuity: %v\nstderr: %s\nstdout: %s", err, stderr.String(), stdout.String())
+	}
+	t.Logf("bench took %v", time.Since(start).Round(time.Millisecond))
+
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(stdout.Bytes(), &raw); err != nil {
+		t.Fatalf("output is not a JSON object: %v\n%s", err, stdout.String())
+	}
+	checkSideShape(t, "report", raw)
+	var base map[string]json.RawMessage
+	if err := json.Unmarshal(raw["baseline"], &base); err != nil {
+		t.Fatalf("baseline: %v", err)
+	}
+	checkSideShape(t, "baseline", base)
+	if _, ok := raw["ratio"]; !ok {
+		t.Error("report lacks ratio")
+	}
+
+	var rep Report
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("edgehop gap p50 %.1f ms downtime p50 %.1f ms; podman gap p50 %.1f ms downtime p50 %.1f ms %s; ratio %s",
+		rep.GapMs.P50, rep.DowntimeMs.P50, rep.Baseline.GapMs.P50, rep.Baseline.DowntimeMs.P50, rep.Baseline.Reason, ratioText(rep.Ratio))
+	if rep.Runs != 2 || rep.Failed != 0 {
+		t.Errorf("edgehop: %d runs, %d failed; want 2 and 0", rep.Runs, rep.Failed)
+	}
+	if rep.Resets != 0 || rep.ConnErrors != 0 || rep.LostBytes != 0 || rep.Mismatches != 0 {
+		t.Errorf("edgehop broke the probe connection: %d resets, %d errors, %d lost bytes, %d mismatches (%v)",
+			rep.Resets, rep.ConnErrors, rep.LostBytes, rep.Mismatches, rep.Probe.Errors)
+	}
+	if rep.GapMs.P50 <= 0 || rep.DowntimeMs.P50 <= 0 || len(rep.PerRun) != 2 || rep.PerRun[0].From == rep.PerRun[0].To {
+		t.Errorf("implausible edgehop figures: gap %+v downtime %+v runs %+v", rep.GapMs, rep.DowntimeMs, rep.PerRun)
+	}
+	if !rep.Baseline.Available {
+		t.Errorf("podman is installed but the baseline was unavailable: %s", rep.Baseline.Reason)
+	} else if rep.Baseline.Runs != 2 || rep.Ratio == nil || *rep.Ratio <= 0 {
+		t.Errorf("baseline runs %d ratio %v; want 2 and a positive ratio", rep.Baseline.Runs, rep.Ratio)
+	}
+
+	// Nothing left behind: namespaces, podman containers, scratch.
+	name := rep.Testbed.Name
+	if name == "" {
+		t.Fatal("report does not name its testbed")
+	}
+	if left, _ := filepath.Glob(linux.NetNSPath("eh-" + name + "-*")); len(left) > 0 {
+		t.Errorf("namespaces left behind: %v", left)
+	}
+	out, err := exec.Command("podman", "ps", "-a", "--format", "{{.Names}}").Output()
+	if err != nil {
+		t.Fatalf("podman ps: %v", err)
+	}
+	if strings.Contains(string(out), name) {
+		t.Errorf("podman containers left behind:\n%s", out)
+	}
+	if _, err := os.Stat(filepath.Join("/dev/shm", "edgehop-bench-"+name)); err == nil {
+		t.Error("scratch directory left behind")
+	}
+}
+
+// checkSideShape checks the fields the benchmark promises on a path.
+func checkSideShape(t *testing.T, what string, m map[string]json.RawMessage) {
+	t.Helper()
+	for _, k := range []string{"runs", "resets", "lost_bytes", "phases_ms"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("%s lacks %q", what, k)
+		}
+	}
+	for _, k := range []string{"gap_ms", "downtime_ms"} {
+		var s map[string]float64
+		if err := json.Unmarshal(m[k], &s); err != nil {
+			t.Errorf("%s.%s is not an object of numbers: %v", what, k, err)
+			continue
+		}
+		for _, q := range []string{"p50", "p99", "max"} {
+			if _, ok := s[q]; !ok {
+				t.Errorf("%s.%s lacks %q", what, k, q)
+			}
+		}
+	}
+}
