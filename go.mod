@@ -5,6 +5,7 @@ go 1.26.8
 require (
 	github.com/cespare/xxhash/v2 v2.3.0
 	github.com/checkpoint-restore/go-criu/v7 v7.2.0
+	github.com/eclipse/paho.mqtt.golang v1.5.0
 	github.com/florianl/go-nfqueue/v2 v2.0.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/klauspost/compress v1.20.3
@@ -17,6 +18,7 @@ require (
 
 require (
 	github.com/google/go-cmp v0.7.0 // indirect
+	github.com/gorilla/websocket v1.5.3 // indirect
 	github.com/mdlayher/netlink v1.11.2 // indirect
 	github.com/mdlayher/socket v0.6.0 // indirect
 	github.com/opencontainers/go-digest v1.0.0 // indirect

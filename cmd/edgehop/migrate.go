@@ -14,7 +14,7 @@ import (
 )
 
 func init() {
-	register(command{name: "migrate", summary: "live-migrate a container: migrate NAME --to NODE [--strategy stop-and-copy|post-copy] [--json]", run: runMigrate})
+	register(command{name: "migrate", summary: "live-migrate a container: migrate NAME --to NODE [--strategy stop-and-copy|post-copy|pre-copy|auto] [--json]", run: runMigrate})
 }
 
 // parseInterleaved parses flags that may come before or after positional
@@ -42,7 +42,8 @@ func runMigrate(ctx context.Context, args []string) error {
 	var tb tbFlags
 	tb.register(fs)
 	to := fs.String("to", "", "destination node")
-	strategy := fs.String("strategy", string(migration.StopAndCopy), "stop-and-copy | post-copy | auto")
+	strategy := fs.String("strategy", string(migration.StopAndCopy), "stop-and-copy | post-copy | pre-copy | auto")
+	rounds := fs.Int("rounds", 0, fmt.Sprintf("pre-copy: most live rounds (0: %d, or the planner's iterations with auto)", migration.DefaultRounds))
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up (and roll back) after this long")
 	maxDown := fs.Float64("max-downtime-ms", 0, "auto: the downtime target")
@@ -77,11 +78,17 @@ func runMigrate(ctx context.Context, args []string) error {
 		}
 		plan = &p
 		*strategy = string(p.Choice.Strategy)
+		if *rounds == 0 && p.Choice.Iterations > 0 {
+			*rounds = p.Choice.Iterations
+		}
+	}
+	if *rounds < 0 {
+		return fmt.Errorf("%w: --rounds %d < 0", errUsage, *rounds)
 	}
 	mctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var res migration.Result
-	merr := agents(st)[node].Migrate(mctx, pos[0], api.MigrateRequest{To: *to, Strategy: *strategy}, &res)
+	merr := agents(st)[node].Migrate(mctx, pos[0], api.MigrateRequest{To: *to, Strategy: *strategy, Rounds: *rounds}, &res)
 	if merr != nil {
 		return merr
 	}

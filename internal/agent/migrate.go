@@ -16,6 +16,7 @@ import (
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/precopy"
 	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
@@ -42,9 +43,14 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if req.To == a.cfg.Node {
 		return res, fmt.Errorf("%w: %s already runs on %s", ErrInvalid, name, req.To)
 	}
-	lazy := req.Strategy == migration.PostCopy
-	if req.Strategy != migration.StopAndCopy && !lazy {
-		return res, fmt.Errorf("%w: strategy %q is not available (use stop-and-copy or post-copy)", ErrInvalid, req.Strategy)
+	lazy, live := req.Strategy.Lazy(), req.Strategy.Live()
+	switch req.Strategy {
+	case migration.StopAndCopy, migration.PostCopy, migration.PreCopy:
+	default:
+		return res, fmt.Errorf("%w: strategy %q is not available on the agent (stop-and-copy, post-copy, pre-copy; auto is resolved by the CLI)", ErrInvalid, req.Strategy)
+	}
+	if req.Rounds < 0 {
+		return res, fmt.Errorf("%w: rounds %d < 0", ErrInvalid, req.Rounds)
 	}
 	peer, err := a.peer(req.To)
 	if err != nil {
@@ -55,6 +61,9 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		return res, err
 	}
 	defer a.release(name)
+	if err := a.checkDumpable(ctx, name); err != nil {
+		return res, err
+	}
 	tm := migration.NewTimer(nil)
 	defer func() {
 		res.PhasesMs = tm.Phases()
@@ -95,6 +104,20 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	}
 	tm.Mark(migration.PhasePrepare)
 
+	var pre *precopy.Source
+	if live {
+		// The service keeps running: any failure here leaves it as it is.
+		pre, res.Precopy, err = a.precopyRounds(ctx, conn, name, req.Rounds)
+		for _, r := range res.Precopy.Rounds {
+			res.BytesOnWire += r.Bytes
+		}
+		if err != nil {
+			_ = conn.WriteMsg(context.WithoutCancel(ctx), migration.MsgAbort, migration.Abort{Reason: "pre-copy failed on source"})
+			return res, fmt.Errorf("pre-copy rounds (service still running on %s, not frozen): %w", a.cfg.Node, err)
+		}
+		tm.Mark(migration.PhasePrecopy)
+	}
+
 	imgDir := filepath.Join(a.scratchDir(), name+"-out")
 	_ = os.RemoveAll(imgDir)
 	defer os.RemoveAll(imgDir)
@@ -128,11 +151,19 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		err = a.rt.Checkpoint(ctx, name, ckOpts)
 	}
 	if err != nil {
-		// CRIU resumes the service when a dump fails, but leaves its lock.
+		// CRIU resumes the service when a dump fails, but leaves its lock;
+		// the destination already took the traffic: point it back here.
 		ckCancel()
 		uerr := netplane.Unlock(a.nsPath(name))
-		_ = conn.WriteMsg(ctx, migration.MsgAbort, migration.Abort{Reason: "dump failed on source"})
-		return res, errors.Join(fmt.Errorf("dump: %w", err), uerr, a.ensureRunning(context.WithoutCancel(ctx), name))
+		_ = conn.WriteMsg(context.WithoutCancel(ctx), migration.MsgAbort, migration.Abort{Reason: "dump failed on source"})
+		rerr := a.ensureRunning(context.WithoutCancel(ctx), name)
+		a.reclaimTraffic(context.WithoutCancel(ctx), c)
+		res.DowntimeMs = migration.Ms(tm.Downtime())
+		if rerr == nil {
+			res.RolledBack = true
+			err = fmt.Errorf("%w (service resumed on %s)", err, a.cfg.Node)
+		}
+		return res, errors.Join(fmt.Errorf("dump: %w", err), uerr, rerr)
 	}
 	tm.Mark(migration.PhaseDump)
 	if st, serr := runc.ReadDumpStats(imgDir); serr == nil && !lazy {
@@ -180,17 +211,32 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		return cause
 	}
 	opts := transfer.SendOptions{Name: "images", Compression: transfer.CompressOff}
-	st1, err := conn.SendDir(ctx, imgDir, opts)
-	if err != nil {
-		return rollback(peerReason(fmt.Errorf("send images: %w", err)))
+	if pre != nil {
+		// Only what the rounds did not leave on the destination.
+		fst, err := pre.SendFinal(ctx, conn, imgDir)
+		res.BytesOnWire += fst.Bytes()
+		p := res.Precopy
+		p.DumpPages, p.HeldPages, p.CopyPages, p.ZeroPages, p.DataPages = fst.Pages, fst.HeldPages, fst.CopyPages, fst.ZeroPages, fst.DataPages
+		p.FinalBytes = fst.Bytes()
+		res.StateBytes += fst.DumpBytes
+		if err != nil {
+			return rollback(peerReason(fmt.Errorf("send final delta: %w", err)))
+		}
+	} else {
+		st1, err := conn.SendDir(ctx, imgDir, opts)
+		if err != nil {
+			return rollback(peerReason(fmt.Errorf("send images: %w", err)))
+		}
+		res.BytesOnWire += st1.WireBytes
+		res.StateBytes += st1.PayloadBytes
 	}
 	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
 	st2, err := conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
 	if err != nil {
 		return rollback(peerReason(fmt.Errorf("send writable layer: %w", err)))
 	}
-	res.BytesOnWire = st1.WireBytes + st2.WireBytes
-	res.StateBytes = st1.PayloadBytes + st2.PayloadBytes
+	res.BytesOnWire += st2.WireBytes
+	res.StateBytes += st2.PayloadBytes
 	tm.Mark(migration.PhaseTransfer)
 
 	var restored migration.Restored
@@ -293,17 +339,28 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string) e
 	a.mu.Lock()
 	a.containers[name] = c
 	a.mu.Unlock()
+	a.reclaimTraffic(ctx, c)
+	return nil
+}
+
+// reclaimTraffic points the overlay back at this node for a service that
+// stayed or came back here: the sticky local bridge entry, then every
+// peer's FDB. A peer that cannot be told (the failed destination,
+// typically) learns from the endpoint list when it is back, so this is
+// not a failure.
+func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
 	mac, _ := net.ParseMAC(c.meta.MAC)
-	_ = a.plane.DelRemote(mac)
-	// The service runs again; a peer that cannot be told (the failed
-	// destination, typically) learns from the endpoint list when it is
-	// back, so this is not a rollback failure.
+	if err := a.plane.DelRemote(mac); err != nil {
+		a.log.Warn("drop remote fdb", "container", c.meta.Name, "err", err)
+	}
+	if err := a.plane.PinLocal(mac, c.meta.Name); err != nil {
+		a.log.Warn("pin local fdb", "container", c.meta.Name, "err", err)
+	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := a.announce(actx, a.endpoint(c), false); err != nil {
-		a.log.Warn("announce after rollback", "container", name, "err", err)
+		a.log.Warn("announce after rollback", "container", c.meta.Name, "err", err)
 	}
-	return nil
 }
 
 // releaseSource removes the migrated container's remains here (the runc
@@ -455,18 +512,30 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	imgDir := filepath.Join(a.scratchDir(), p.Name+"-in")
 	_ = os.RemoveAll(imgDir)
 	defer os.RemoveAll(imgDir)
+	var store *precopy.Store
+	if p.Strategy.Live() {
+		if store, err = precopy.NewStore(filepath.Join(a.scratchDir(), p.Name+"-store"), a.log); err != nil {
+			return fail(err)
+		}
+		defer store.Close()
+	}
 	if err := conn.WriteMsg(ctx, migration.MsgPrepared, struct{}{}); err != nil {
 		return err
 	}
 
-	// The source freezes: take its traffic (held until restored).
-	if err := expect(ctx, conn, migration.MsgFrozen, nil); err != nil {
+	// Live rounds (pre-copy) until the source freezes; then take its
+	// traffic (held until restored).
+	if err := a.receiveRounds(ctx, conn, store); err != nil {
 		return err
 	}
 	c := &container{meta: m}
 	sw := a.takeTraffic(ctx, c)
 	tRecv := time.Now()
-	if _, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{}); err != nil {
+	if store != nil {
+		if _, err := store.RebuildFinal(ctx, conn, imgDir); err != nil {
+			return fail(fmt.Errorf("rebuild images from pre-copy: %w", err))
+		}
+	} else if _, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{}); err != nil {
 		return fail(fmt.Errorf("receive images: %w", err))
 	}
 	upper := filepath.Join(a.dir(p.Name), "upper")
@@ -481,7 +550,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	if err != nil {
 		return fail(err)
 	}
-	lazy := p.Strategy == migration.PostCopy
+	lazy := p.Strategy.Lazy()
 	work := imgDir + "-work"
 	defer os.RemoveAll(work)
 	var pagesDaemon *runc.Daemon
@@ -551,7 +620,7 @@ func (a *Agent) takeTraffic(ctx context.Context, c *container) migration.Switche
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "err", err)
 	}
-	if err := a.plane.SetLocal(mac, c.meta.Name); err != nil {
+	if err := a.plane.PinLocal(mac, c.meta.Name); err != nil {
 		a.log.Warn("pin local fdb", "err", err)
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)

@@ -214,6 +214,7 @@ func (c *Client) Withdraw(ctx context.Context, e Endpoint) error {
 type MigrateRequest struct {
 	To       string `json:"to"`
 	Strategy string `json:"strategy"`
+	Rounds   int    `json:"rounds,omitempty"` // pre-copy: most live rounds; 0 = agent default
 }
 
 // Migrate asks the agent hosting name to move it; out receives the

@@ -3,9 +3,12 @@ package e2e
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"hash/crc32"
+	"io"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -132,7 +135,7 @@ func runLiveClient(ctx context.Context, wg *sync.WaitGroup, ns, addr string, per
 // continuity probe and keeps sending every 5 ms while the probe is migrated
 // around three nodes; no reset, every reply's byte count and CRC match.
 func TestProbeSurvivesMigrations(t *testing.T) {
-	for _, strategy := range []string{"stop-and-copy", "post-copy"} {
+	for _, strategy := range []string{"stop-and-copy", "post-copy", "pre-copy"} {
 		t.Run(strategy, func(t *testing.T) { testProbeSurvivesMigrations(t, strategy) })
 	}
 }
@@ -192,7 +195,7 @@ func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 			t.Fatalf("migration %d to %s: %+v", i, to, res)
 		}
 		if res.DowntimeMs <= 0 || res.BytesOnWire <= 0 || res.PhasesMs["dump"] <= 0 || res.PhasesMs["transfer"] <= 0 ||
-			(strategy == "post-copy") != (res.PhasesMs["lazy"] > 0) {
+			(strategy == "post-copy") != (res.PhasesMs["lazy"] > 0) || (strategy == "pre-copy") != (res.PhasesMs["precopy"] > 0) {
 			t.Errorf("migration %d: implausible result %+v", i, res)
 		}
 		t.Logf("migration %d -> %s: downtime %.1f ms, phases %v", i, to, res.DowntimeMs, res.PhasesMs)
@@ -211,5 +214,74 @@ func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 	want := st.Nodes[n%3].Name
 	if len(ps) != 1 || ps[0].Node != want || ps[0].IP != c.IP {
 		t.Fatalf("after %d migrations ps = %+v, want p on %s with IP %s", n, ps, want, c.IP)
+	}
+}
+
+// TestDPRGenMemoryExact: DPRGen rewrites a fifth of its 64 MB state all
+// the time while it is migrated with live rounds; after every migration
+// it verifies its whole buffer against its seeded generator, asked on the
+// connection the client opened before the first migration.
+func TestDPRGenMemoryExact(t *testing.T) {
+	for _, strategy := range []string{"pre-copy"} {
+		t.Run(strategy, func(t *testing.T) { testDPRGenMemoryExact(t, strategy) })
+	}
+}
+
+func testDPRGenMemoryExact(t *testing.T, strategy string) {
+	e := newEnv(t)
+	e.up("--nodes", "2", "--clients", "1", "--node-rate", "1gbit")
+	var st status
+	e.mustJSON(&st, "testbed", "status", "--json")
+	var c ctr
+	e.mustJSON(&c, "run", "--node", "node0", "--name", "d", "--image", "dprgen", "--json", "--",
+		"--state-mb", "64", "--dirty-fraction", "0.2", "--interval", "500ms")
+	var conn net.Conn
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var err error
+		conn, err = nsDialer{linux.NetNSPath(st.Clients[0].NetNS)}.DialContext(context.Background(), "tcp", net.JoinHostPort(c.IP, "7001"))
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dprgen not reachable: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	defer conn.Close()
+	rd := bufio.NewReader(conn)
+	check := func(what string) {
+		t.Helper()
+		conn.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := io.WriteString(conn, "check\n"); err != nil {
+			t.Fatalf("%s: kept connection: %v", what, err)
+		}
+		line, err := rd.ReadString('\n')
+		if err != nil || !strings.HasPrefix(line, "ok ") {
+			t.Fatalf("%s: memory check = %q, %v", what, line, err)
+		}
+	}
+	check("before migrating")
+	for i, to := range []string{"node1", "node0", "node1"} {
+		var res struct {
+			migResult
+			Precopy struct {
+				Rounds    []json.RawMessage `json:"rounds"`
+				DumpPages int64             `json:"dump_pages"`
+				HeldPages int64             `json:"held_pages"`
+			} `json:"precopy"`
+		}
+		e.mustJSON(&res, "migrate", "d", "--to", to, "--strategy", strategy, "--json")
+		if !res.OK || res.To != to {
+			t.Fatalf("migration %d to %s: %+v", i, to, res)
+		}
+		// 64 MB at a fifth dirty: the rounds must have left most pages on
+		// the destination.
+		if len(res.Precopy.Rounds) == 0 || res.Precopy.HeldPages*2 < res.Precopy.DumpPages {
+			t.Errorf("migration %d: rounds %d, held %d of %d dumped pages", i, len(res.Precopy.Rounds), res.Precopy.HeldPages, res.Precopy.DumpPages)
+		}
+		t.Logf("migration %d -> %s: downtime %.1f ms, %d rounds, %d of %d pages held, %d bytes", i, to, res.DowntimeMs,
+			len(res.Precopy.Rounds), res.Precopy.HeldPages, res.Precopy.DumpPages, res.BytesOnWire)
+		check(fmt.Sprintf("after migration %d", i))
 	}
 }

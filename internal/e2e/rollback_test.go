@@ -156,20 +156,7 @@ func TestRollbackDestinationKilled(t *testing.T) {
 // wrapper injects the failure); the service resumes on the source.
 func TestRollbackRestoreFails(t *testing.T) {
 	e := newEnv(t)
-	realRunc, err := exec.LookPath("runc")
-	if err != nil {
-		t.Skip("skipped: runc not installed")
-	}
-	wrap := t.TempDir()
-	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = restore ] && { echo 'injected restore failure' >&2; exit 1; }; done\nexec " + realRunc + " \"$@\"\n"
-	if err := os.WriteFile(filepath.Join(wrap, "runc"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	spec := testbed.DefaultSpec(e.name, 2, 1)
-	spec.Clients[0].Link.RateBps = 1_000_000_000
-	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node1": {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
-	const n, size = 5_000, 1000
-	_, rc := e.redisWithData(st, n, size)
+	st, rc := e.redisWithFailingRunc("node1", "restore")
 	_, errs, err := e.run("migrate", "redis", "--to", "node1")
 	if err == nil {
 		t.Fatal("migration succeeded although restore was made to fail")
@@ -177,7 +164,43 @@ func TestRollbackRestoreFails(t *testing.T) {
 	if !strings.Contains(errs, "restore") {
 		t.Errorf("error does not carry the restore failure: %s", errs)
 	}
-	e.requireResumedOnSource(st, rc, n, size, errs, true)
+	e.requireResumedOnSource(st, rc, 5_000, 1000, errs, true)
+}
+
+// TestRollbackDumpFails: the source's checkpoint fails after the
+// destination took the service's traffic; the source takes it back and the
+// client's connection goes on.
+func TestRollbackDumpFails(t *testing.T) {
+	e := newEnv(t)
+	st, rc := e.redisWithFailingRunc("node0", "checkpoint")
+	_, errs, err := e.run("migrate", "redis", "--to", "node1")
+	if err == nil {
+		t.Fatal("migration succeeded although the dump was made to fail")
+	}
+	if !strings.Contains(errs, "dump") {
+		t.Errorf("error does not carry the dump failure: %s", errs)
+	}
+	e.requireResumedOnSource(st, rc, 5_000, 1000, errs, true)
+}
+
+// redisWithFailingRunc brings up two nodes whose node's runc fails the
+// given verb, and redis on node0 holding 5000 keys of 1000 bytes.
+func (e *env) redisWithFailingRunc(node, verb string) (*testbed.State, *redisConn) {
+	e.t.Helper()
+	realRunc, err := exec.LookPath("runc")
+	if err != nil {
+		e.t.Skip("skipped: runc not installed")
+	}
+	wrap := e.t.TempDir()
+	script := "#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = " + verb + " ] && { echo 'injected " + verb + " failure' >&2; exit 1; }; done\nexec " + realRunc + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(wrap, "runc"), []byte(script), 0o755); err != nil {
+		e.t.Fatal(err)
+	}
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{node: {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
+	_, rc := e.redisWithData(st, 5_000, 1000)
+	return st, rc
 }
 
 // TestRollbackDestinationDiskFull: the destination's image space is too

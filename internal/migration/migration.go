@@ -2,6 +2,7 @@ package migration
 
 import (
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -12,23 +13,39 @@ type Strategy string
 const (
 	StopAndCopy Strategy = "stop-and-copy" // freeze, dump everything, ship, restore
 	PostCopy    Strategy = "post-copy"     // freeze, dump without pages, restore, pull pages lazily
+	PreCopy     Strategy = "pre-copy"      // live rounds while running, then freeze and send only the delta
+	Hybrid      Strategy = "hybrid"        // live rounds, then post-copy for what changed since
 	Auto        Strategy = "auto"          // the planner chooses
 )
 
+// Strategies lists the strategies a migration can be asked for.
+func Strategies() []Strategy { return []Strategy{StopAndCopy, PostCopy, PreCopy, Hybrid, Auto} }
+
+// Lazy reports whether the strategy restores before all pages arrived.
+func (s Strategy) Lazy() bool { return s == PostCopy || s == Hybrid }
+
+// Live reports whether the strategy copies memory while the service runs.
+func (s Strategy) Live() bool { return s == PreCopy || s == Hybrid }
+
 // ParseStrategy validates a strategy name.
 func ParseStrategy(s string) (Strategy, error) {
-	switch Strategy(s) {
-	case StopAndCopy, PostCopy, Auto:
-		return Strategy(s), nil
-	case "":
+	if s == "" {
 		return StopAndCopy, nil
 	}
-	return "", fmt.Errorf("unknown strategy %q (stop-and-copy, post-copy, auto)", s)
+	names := make([]string, 0, 5)
+	for _, st := range Strategies() {
+		if string(st) == s {
+			return st, nil
+		}
+		names = append(names, string(st))
+	}
+	return "", fmt.Errorf("unknown strategy %q (%s)", s, strings.Join(names, ", "))
 }
 
 // Phase names, in the order a migration passes them.
 const (
 	PhasePrepare  = "prepare"  // destination namespace, IP/MAC, lock chain, rootfs
+	PhasePrecopy  = "precopy"  // live rounds and the writable layer, service running
 	PhaseDump     = "dump"     // freeze + CRIU dump on the source
 	PhaseTransfer = "transfer" // images and writable layer to the destination
 	PhaseRestore  = "restore"  // CRIU restore on the destination
@@ -43,6 +60,38 @@ const (
 type Request struct {
 	To       string   `json:"to"`
 	Strategy Strategy `json:"strategy"`
+	// Rounds caps the live rounds of pre-copy and hybrid (PAM's I plus the
+	// first full copy); 0 means DefaultRounds.
+	Rounds int `json:"rounds,omitempty"`
+}
+
+// DefaultRounds caps live rounds when the request does not.
+const DefaultRounds = 6
+
+// Precopy reports the live rounds of a pre-copy or hybrid migration.
+type Precopy struct {
+	Rounds     []Round `json:"rounds"`
+	StopReason string  `json:"stop_reason"`
+	LayerBytes int64   `json:"layer_bytes"` // writable layer sent while running
+	// Final round (pre-copy): pages in the dump, and how many of them the
+	// destination held already, as a copy elsewhere, as zero, or needed.
+	DumpPages  int64 `json:"dump_pages,omitempty"`
+	HeldPages  int64 `json:"held_pages,omitempty"`
+	CopyPages  int64 `json:"copy_pages,omitempty"`
+	ZeroPages  int64 `json:"zero_pages,omitempty"`
+	DataPages  int64 `json:"data_pages,omitempty"`
+	FinalBytes int64 `json:"final_bytes,omitempty"`
+	// Lazy pages (hybrid): served from the destination's copy vs sent.
+	LazyHeldPages int64 `json:"lazy_held_pages,omitempty"`
+	LazyDataPages int64 `json:"lazy_data_pages,omitempty"`
+}
+
+// Round is one live round.
+type Round struct {
+	Pages        int64   `json:"pages"`
+	ChangedPages int64   `json:"changed_pages"`
+	Bytes        int64   `json:"bytes_on_wire"`
+	Ms           float64 `json:"ms"`
 }
 
 // Result is what a migration recorded.
@@ -63,6 +112,7 @@ type Result struct {
 	StateBytes   int64              `json:"state_bytes"`  // payload: images + writable layer
 	Compressed   bool               `json:"compressed"`
 	CRIU         map[string]float64 `json:"criu,omitempty"`
+	Precopy      *Precopy           `json:"precopy,omitempty"`
 	Started      time.Time          `json:"started"`
 }
 
@@ -124,6 +174,9 @@ func Ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 const (
 	MsgPrepare  = "prepare"  // S→D Prepare
 	MsgPrepared = "prepared" // D→S {}
+	MsgLayer    = "layer"    // S→D {}: pre-copy: the writable layer follows, service running
+	MsgRound    = "round"    // S→D RoundStart: pre-copy: a live round's stream follows
+	MsgStored   = "stored"   // D→S RoundStart: the round is in the destination's store
 	MsgFrozen   = "frozen"   // S→D {}: the source freezes now; D takes the traffic and holds it
 	MsgRestored = "restored" // D→S Restored (after the image and layer streams)
 	MsgCommit   = "commit"   // S→D {}: S has given the service up; D switches the network
@@ -169,4 +222,9 @@ type Switched struct {
 // Abort carries the reason a side gave up.
 type Abort struct {
 	Reason string `json:"reason"`
+}
+
+// RoundStart announces a live round (MsgRound).
+type RoundStart struct {
+	Round int `json:"round"`
 }

@@ -1,0 +1,135 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/precopy"
+	"github.com/edgehop/edgehop/internal/transfer"
+)
+
+// Live rounds stop when a round found at most precopyDelta bytes changed
+// (about 30 ms of a 1 Gbit/s link), when the delta stops shrinking by 10%,
+// after the requested number of rounds, or at precopyDeadline.
+const (
+	precopyDelta    = 4 << 20
+	precopyShrink   = 0.9
+	precopyDeadline = 2 * time.Minute
+)
+
+// precopyRounds copies the running container's memory to the destination
+// in live rounds (the source side of pre-copy). The service is never
+// frozen here. It returns the Source for the final delta and what the
+// rounds did (never nil).
+func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int) (*precopy.Source, *migration.Precopy, error) {
+	pc := &migration.Precopy{}
+	st, err := a.rt.State(ctx, name)
+	if err != nil {
+		return nil, pc, err
+	}
+	if st.Pid <= 0 {
+		return nil, pc, fmt.Errorf("%s has no running process (%s)", name, st.Status)
+	}
+	src, err := precopy.NewSource(precopy.Config{Pid: st.Pid, Send: transfer.SendOptions{Compression: transfer.CompressOff}, Logger: a.log})
+	if err != nil {
+		return nil, pc, err
+	}
+	if rounds == 0 {
+		rounds = migration.DefaultRounds
+	}
+	rule := precopy.StopRule{MaxRounds: rounds, DeltaBytes: precopyDelta, MinShrink: precopyShrink, Deadline: time.Now().Add(precopyDeadline)}
+	// Each round waits until the destination stored the one before, and
+	// the freeze waits for the last: a freeze must not compete with the
+	// destination (and the emulated link) still digesting a round.
+	stored := func(ctx context.Context) error { return expect(ctx, conn, migration.MsgStored, nil) }
+	hist, why, err := src.Rounds(ctx, conn, rule, func(ctx context.Context, round int) error {
+		if round > 1 {
+			if err := stored(ctx); err != nil {
+				return err
+			}
+		}
+		return conn.WriteMsg(ctx, migration.MsgRound, migration.RoundStart{Round: round})
+	})
+	if err == nil {
+		err = stored(ctx)
+	}
+	for _, h := range hist {
+		pc.Rounds = append(pc.Rounds, migration.Round{Pages: h.Pages, ChangedPages: h.Changed, Bytes: h.Bytes, Ms: migration.Ms(h.Duration)})
+	}
+	pc.StopReason = string(why)
+	if err != nil {
+		return nil, pc, err
+	}
+	a.log.Info("pre-copy rounds done", "container", name, "rounds", len(hist), "stop", why)
+	return src, pc, nil
+}
+
+// receiveRounds is the destination side of the live rounds: it stores
+// each round until the source announces the freeze. store is nil when the
+// strategy has no live rounds. An abort from the source (it gave up
+// before freezing: the service still runs there) ends it with an error
+// and nothing to roll back.
+func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store) error {
+	for {
+		typ, body, err := conn.ReadMsg(ctx)
+		m := peerMessage{typ, body, err}
+		switch {
+		case err != nil:
+			return fmt.Errorf("waiting for the freeze: %w", err)
+		case typ == migration.MsgFrozen:
+			return nil
+		case typ == migration.MsgAbort:
+			return fmt.Errorf("source gave up before freezing: %w", m.as(migration.MsgFrozen, nil))
+		case typ == migration.MsgRound && store != nil:
+			var rs migration.RoundStart
+			if err := m.as(migration.MsgRound, &rs); err != nil {
+				return err
+			}
+			if _, err := store.ReceiveRound(ctx, conn); err != nil {
+				return fmt.Errorf("pre-copy round %d: %w", rs.Round, err)
+			}
+			if err := conn.WriteMsg(ctx, migration.MsgStored, rs); err != nil {
+				return err
+			}
+		default:
+			return errors.New("protocol: got " + typ + " before the freeze")
+		}
+	}
+}
+
+// checkDumpable refuses, before anything is frozen, a container CRIU
+// cannot dump here: a process running as another user than the agent's
+// when the agent lacks CAP_SYS_RESOURCE (CRIU then cannot read its
+// rlimits, "Can't get rlimit: Operation not permitted").
+func (a *Agent) checkDumpable(ctx context.Context, name string) error {
+	ok, err := linux.HasCapSysResource()
+	if err != nil || ok {
+		return nil // unknown: let CRIU decide (a failed dump rolls back)
+	}
+	st, err := a.rt.State(ctx, name)
+	if err != nil || st.Pid <= 0 {
+		return nil
+	}
+	pids, err := linux.ProcessTree(st.Pid)
+	if err != nil {
+		return nil
+	}
+	me := os.Getuid()
+	for _, pid := range pids {
+		ids, err := linux.ProcessUIDs(pid)
+		if err != nil {
+			continue
+		}
+		for _, id := range ids {
+			if id != me {
+				return fmt.Errorf("%w: %s runs a process as uid %d, and this agent lacks CAP_SYS_RESOURCE, so CRIU cannot dump it (run the service as uid %d, or give the agent CAP_SYS_RESOURCE); the service keeps running here", ErrInvalid, name, id, me)
+			}
+		}
+	}
+	return nil
+}
