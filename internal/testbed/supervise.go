@@ -100,8 +100,13 @@ func startProc(p Proc) error {
 	if err := cmd.Start(); err != nil {
 		return err
 	}
-	// Reaped by reapAll, never by cmd.Wait.
-	return os.WriteFile(p.PIDFile, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
+	// Reaped by reapAll, never by cmd.Wait. The file appears whole:
+	// readers take an empty or partial one for a dead process.
+	tmp := p.PIDFile + ".tmp"
+	if err := os.WriteFile(tmp, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, p.PIDFile)
 }
 
 // reapAll collects every exited child (direct or adopted).
