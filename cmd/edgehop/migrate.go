@@ -11,6 +11,7 @@ import (
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/model"
 	"github.com/edgehop/edgehop/internal/testbed"
+	"github.com/edgehop/edgehop/internal/transfer"
 )
 
 func init() {
@@ -44,6 +45,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	to := fs.String("to", "", "destination node")
 	strategy := fs.String("strategy", string(migration.StopAndCopy), "stop-and-copy | post-copy | pre-copy | auto")
 	rounds := fs.Int("rounds", 0, fmt.Sprintf("pre-copy: most live rounds (0: %d, or the planner's iterations with auto)", migration.DefaultRounds))
+	compress := fs.String("compress", "auto", "state streams: off | zstd | auto (zstd only while it raises throughput on this path's link)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
 	timeout := fs.Duration("timeout", 10*time.Minute, "give up (and roll back) after this long")
 	maxDown := fs.Float64("max-downtime-ms", 0, "auto: the downtime target")
@@ -70,6 +72,12 @@ func runMigrate(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if _, err := transfer.ParseCompression(*compress); err != nil {
+		return fmt.Errorf("%w: --compress: %v", errUsage, err)
+	}
+	src, _ := st.Node(node)
+	dst, _ := st.Node(*to)
+	linkBps := narrower(src.Link.RateBps, dst.Link.RateBps)
 	var plan *model.PlanResult
 	if migration.Strategy(*strategy) == migration.Auto {
 		p, err := planMigration(st, ctr, node, *to, *dirty, *maxDown, *maxTotal)
@@ -88,7 +96,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	mctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	var res migration.Result
-	merr := agents(st)[node].Migrate(mctx, pos[0], api.MigrateRequest{To: *to, Strategy: *strategy, Rounds: *rounds}, &res)
+	merr := agents(st)[node].Migrate(mctx, pos[0], api.MigrateRequest{To: *to, Strategy: *strategy, Rounds: *rounds, Compression: *compress, LinkBps: int64(linkBps)}, &res)
 	if merr != nil {
 		return merr
 	}

@@ -52,6 +52,13 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if req.Rounds < 0 {
 		return res, fmt.Errorf("%w: rounds %d < 0", ErrInvalid, req.Rounds)
 	}
+	comp := transfer.CompressAuto
+	if req.Compression != "" {
+		if comp, err = transfer.ParseCompression(req.Compression); err != nil {
+			return res, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	send := transfer.SendOptions{Compression: comp, LinkBitsPerSecond: max(req.LinkBps, 0)}
 	peer, err := a.peer(req.To)
 	if err != nil {
 		return res, err
@@ -107,7 +114,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	var pre *precopy.Source
 	if live {
 		// The service keeps running: any failure here leaves it as it is.
-		pre, res.Precopy, err = a.precopyRounds(ctx, conn, name, req.Rounds)
+		pre, res.Precopy, err = a.precopyRounds(ctx, conn, name, req.Rounds, send)
 		for _, r := range res.Precopy.Rounds {
 			res.BytesOnWire += r.Bytes
 		}
@@ -210,7 +217,8 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		}
 		return cause
 	}
-	opts := transfer.SendOptions{Name: "images", Compression: transfer.CompressOff}
+	opts := send
+	opts.Name = "images"
 	if pre != nil {
 		// Only what the rounds did not leave on the destination.
 		fst, err := pre.SendFinal(ctx, conn, imgDir)
@@ -229,6 +237,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		}
 		res.BytesOnWire += st1.WireBytes
 		res.StateBytes += st1.PayloadBytes
+		res.Compressed = st1.Compressed
 	}
 	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
 	st2, err := conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
@@ -237,6 +246,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	}
 	res.BytesOnWire += st2.WireBytes
 	res.StateBytes += st2.PayloadBytes
+	res.Compressed = res.Compressed || st2.Compressed
 	tm.Mark(migration.PhaseTransfer)
 
 	var restored migration.Restored

@@ -26,7 +26,7 @@ const (
 // in live rounds (the source side of pre-copy). The service is never
 // frozen here. It returns the Source for the final delta and what the
 // rounds did (never nil).
-func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int) (*precopy.Source, *migration.Precopy, error) {
+func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int, send transfer.SendOptions) (*precopy.Source, *migration.Precopy, error) {
 	pc := &migration.Precopy{}
 	st, err := a.rt.State(ctx, name)
 	if err != nil {
@@ -35,7 +35,7 @@ func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name str
 	if st.Pid <= 0 {
 		return nil, pc, fmt.Errorf("%s has no running process (%s)", name, st.Status)
 	}
-	src, err := precopy.NewSource(precopy.Config{Pid: st.Pid, Send: transfer.SendOptions{Compression: transfer.CompressOff}, Logger: a.log})
+	src, err := precopy.NewSource(precopy.Config{Pid: st.Pid, Send: send, Logger: a.log})
 	if err != nil {
 		return nil, pc, err
 	}

@@ -215,6 +215,10 @@ type MigrateRequest struct {
 	To       string `json:"to"`
 	Strategy string `json:"strategy"`
 	Rounds   int    `json:"rounds,omitempty"` // pre-copy: most live rounds; 0 = agent default
+	// Compression is off, zstd or auto ("" = auto); LinkBps the path's
+	// rate that auto weighs compression against.
+	Compression string `json:"compression,omitempty"`
+	LinkBps     int64  `json:"link_bps,omitempty"`
 }
 
 // Migrate asks the agent hosting name to move it; out receives the

@@ -63,6 +63,12 @@ type Request struct {
 	// Rounds caps the live rounds of pre-copy and hybrid (PAM's I plus the
 	// first full copy); 0 means DefaultRounds.
 	Rounds int `json:"rounds,omitempty"`
+	// Compression of the state streams: "off", "zstd" or "auto" (zstd
+	// only while it raises throughput on a link of LinkBps); "" is auto.
+	Compression string `json:"compression,omitempty"`
+	// LinkBps is the bit rate of the path to the destination, for
+	// auto compression; 0 assumes 1 Gbit/s.
+	LinkBps int64 `json:"link_bps,omitempty"`
 }
 
 // DefaultRounds caps live rounds when the request does not.
