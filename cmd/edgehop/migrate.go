@@ -123,7 +123,7 @@ func runMigrate(ctx context.Context, args []string) error {
 
 // implemented lists the strategies the agents carry out; the planner
 // chooses among them.
-var implemented = []model.Strategy{model.Strategy(migration.StopAndCopy), model.Strategy(migration.PostCopy)}
+var implemented = []model.Strategy{model.Strategy(migration.StopAndCopy), model.Strategy(migration.PostCopy), model.Strategy(migration.PreCopy)}
 
 // planMigration asks the performance model how to move ctr from node to
 // dest: state size from the container's memory, bandwidth from the

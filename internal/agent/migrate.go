@@ -112,9 +112,11 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	tm.Mark(migration.PhasePrepare)
 
 	var pre *precopy.Source
+	var layer layerSnapshot
 	if live {
 		// The service keeps running: any failure here leaves it as it is.
-		pre, res.Precopy, err = a.precopyRounds(ctx, conn, name, req.Rounds, send)
+		pre, layer, res.Precopy, err = a.precopyRounds(ctx, conn, name, req.Rounds, send)
+		res.BytesOnWire += res.Precopy.LayerBytes
 		for _, r := range res.Precopy.Rounds {
 			res.BytesOnWire += r.Bytes
 		}
@@ -240,7 +242,15 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		res.Compressed = st1.Compressed
 	}
 	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
-	st2, err := conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
+	var st2 transfer.Stats
+	if pre != nil {
+		// Only what changed since the live copy, and what is left.
+		var n int
+		st2, n, err = sendLayerDelta(ctx, conn, filepath.Join(a.dir(name), "upper"), layer, opts)
+		res.Precopy.LayerChanged = n
+	} else {
+		st2, err = conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
+	}
 	if err != nil {
 		return rollback(peerReason(fmt.Errorf("send writable layer: %w", err)))
 	}
@@ -535,7 +545,8 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 
 	// Live rounds (pre-copy) until the source freezes; then take its
 	// traffic (held until restored).
-	if err := a.receiveRounds(ctx, conn, store); err != nil {
+	upper := filepath.Join(a.dir(p.Name), "upper")
+	if err := a.receiveRounds(ctx, conn, store, upper); err != nil {
 		return err
 	}
 	c := &container{meta: m}
@@ -548,8 +559,11 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	} else if _, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{}); err != nil {
 		return fail(fmt.Errorf("receive images: %w", err))
 	}
-	upper := filepath.Join(a.dir(p.Name), "upper")
-	if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
+	if store != nil {
+		if err := recvLayerDelta(ctx, conn, upper); err != nil {
+			return fail(fmt.Errorf("receive writable layer delta: %w", err))
+		}
+	} else if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
 		return fail(fmt.Errorf("receive writable layer: %w", err))
 	}
 	recvMs := migration.Ms(time.Since(tRecv))

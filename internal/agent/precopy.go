@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/linux"
@@ -22,12 +23,34 @@ const (
 	precopyDeadline = 2 * time.Minute
 )
 
-// precopyRounds copies the running container's memory to the destination
-// in live rounds (the source side of pre-copy). The service is never
-// frozen here. It returns the Source for the final delta and what the
-// rounds did (never nil).
-func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int, send transfer.SendOptions) (*precopy.Source, *migration.Precopy, error) {
+// precopyRounds copies the running container's writable layer, then its
+// memory in live rounds, to the destination (the source side of
+// pre-copy). The service is never frozen here. It returns the Source for
+// the final delta, the layer's state as it was sent, and what the rounds
+// did (never nil).
+func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int, send transfer.SendOptions) (*precopy.Source, layerSnapshot, *migration.Precopy, error) {
 	pc := &migration.Precopy{}
+	upper := filepath.Join(a.dir(name), "upper")
+	layer, err := snapshotLayer(upper)
+	if err != nil {
+		return nil, layer, pc, err
+	}
+	if err := conn.WriteMsg(ctx, migration.MsgLayer, struct{}{}); err != nil {
+		return nil, layer, pc, err
+	}
+	lopts := send
+	lopts.Name, lopts.Overlay = "upper-live", true
+	lst, err := conn.SendDir(ctx, upper, lopts)
+	pc.LayerBytes = lst.WireBytes
+	if err != nil {
+		return nil, layer, pc, fmt.Errorf("writable layer: %w", err)
+	}
+	src, pc2, err := a.memoryRounds(ctx, conn, name, rounds, send, pc)
+	return src, layer, pc2, err
+}
+
+// memoryRounds runs the live memory rounds of precopyRounds.
+func (a *Agent) memoryRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int, send transfer.SendOptions, pc *migration.Precopy) (*precopy.Source, *migration.Precopy, error) {
 	st, err := a.rt.State(ctx, name)
 	if err != nil {
 		return nil, pc, err
@@ -74,7 +97,7 @@ func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name str
 // strategy has no live rounds. An abort from the source (it gave up
 // before freezing: the service still runs there) ends it with an error
 // and nothing to roll back.
-func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store) error {
+func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string) error {
 	for {
 		typ, body, err := conn.ReadMsg(ctx)
 		m := peerMessage{typ, body, err}
@@ -85,6 +108,10 @@ func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *p
 			return nil
 		case typ == migration.MsgAbort:
 			return fmt.Errorf("source gave up before freezing: %w", m.as(migration.MsgFrozen, nil))
+		case typ == migration.MsgLayer && store != nil:
+			if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
+				return fmt.Errorf("pre-copy of the writable layer: %w", err)
+			}
 		case typ == migration.MsgRound && store != nil:
 			var rs migration.RoundStart
 			if err := m.as(migration.MsgRound, &rs); err != nil {

@@ -76,9 +76,10 @@ const DefaultRounds = 6
 
 // Precopy reports the live rounds of a pre-copy or hybrid migration.
 type Precopy struct {
-	Rounds     []Round `json:"rounds"`
-	StopReason string  `json:"stop_reason"`
-	LayerBytes int64   `json:"layer_bytes"` // writable layer sent while running
+	Rounds       []Round `json:"rounds"`
+	StopReason   string  `json:"stop_reason"`
+	LayerBytes   int64   `json:"layer_bytes"`   // writable layer sent while running
+	LayerChanged int     `json:"layer_changed"` // its entries sent again in the frozen window
 	// Final round (pre-copy): pages in the dump, and how many of them the
 	// destination held already, as a copy elsewhere, as zero, or needed.
 	DumpPages  int64 `json:"dump_pages,omitempty"`
