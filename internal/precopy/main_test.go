@@ -3,9 +3,9 @@ package precopy
 import (
 	"fmt"
 	"os"
-	"runtime"
 	"testing"
-	"time"
+
+	"github.com/edgehop/edgehop/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -17,34 +17,5 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(runTests(m))
-}
-
-// runTests runs the tests, then fails if goroutines or file descriptors
-// outlive them (a round's pipe reader, a store file, a pagemap).
-func runTests(m *testing.M) int {
-	fds, goroutines := countFDs(), runtime.NumGoroutine()
-	code := m.Run()
-	if code != 0 {
-		return code
-	}
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		nfds, ngo := countFDs(), runtime.NumGoroutine()
-		if nfds <= fds && ngo <= goroutines {
-			return 0
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "leak: %d fds (was %d), %d goroutines (was %d)\n", nfds, fds, ngo, goroutines)
-			buf := make([]byte, 1<<20)
-			os.Stderr.Write(buf[:runtime.Stack(buf, true)])
-			return 1
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func countFDs() int {
-	ents, _ := os.ReadDir("/proc/self/fd")
-	return len(ents)
+	os.Exit(testutil.RunCheckingLeaks(m))
 }

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,32 +42,9 @@ func runTests(m *testing.M) int {
 		rootfs = dir
 	}
 
-	fds, goroutines := countFDs(), runtime.NumGoroutine()
-	code := m.Run()
-	if code != 0 {
-		return code
-	}
 	// Every copier goroutine and pipe must be gone once the tests' cleanups
 	// have run.
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		nfds, ngo := countFDs(), runtime.NumGoroutine()
-		if nfds <= fds && ngo <= goroutines {
-			return 0
-		}
-		if time.Now().After(deadline) {
-			fmt.Fprintf(os.Stderr, "leak: %d fds (was %d), %d goroutines (was %d)\n", nfds, fds, ngo, goroutines)
-			buf := make([]byte, 1<<20)
-			os.Stderr.Write(buf[:runtime.Stack(buf, true)])
-			return 1
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-func countFDs() int {
-	ents, _ := os.ReadDir("/proc/self/fd")
-	return len(ents)
+	return testutil.RunCheckingLeaks(m)
 }
 
 // buildRootfs makes a minimal root filesystem: a static busybox with a

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -93,4 +94,35 @@ func Run(tb testing.TB, name string, args ...string) string {
 		tb.Fatalf("%s %s: %v\n%s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out)
+}
+
+// RunCheckingLeaks runs m and, when its tests passed, fails unless the
+// file descriptors and goroutines they opened are all gone within three
+// seconds (once their cleanups ran), printing every goroutine's stack if
+// not. Use it from TestMain: os.Exit(testutil.RunCheckingLeaks(m)).
+func RunCheckingLeaks(m *testing.M) int {
+	fds, goroutines := countFDs(), runtime.NumGoroutine()
+	code := m.Run()
+	if code != 0 {
+		return code
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		nfds, ngo := countFDs(), runtime.NumGoroutine()
+		if nfds <= fds && ngo <= goroutines {
+			return 0
+		}
+		if time.Now().After(deadline) {
+			fmt.Fprintf(os.Stderr, "leak: %d fds (was %d), %d goroutines (was %d)\n", nfds, fds, ngo, goroutines)
+			buf := make([]byte, 1<<20)
+			os.Stderr.Write(buf[:runtime.Stack(buf, true)])
+			return 1
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func countFDs() int {
+	ents, _ := os.ReadDir("/proc/self/fd")
+	return len(ents)
 }
