@@ -138,6 +138,15 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if err := conn.WriteMsg(ctx, migration.MsgFrozen, struct{}{}); err != nil {
 		return res, fmt.Errorf("notify %s: %w", req.To, err)
 	}
+	// runc's freezer polls the cgroup closely; CRIU's own waits 100 ms
+	// whenever the first look finds it still freezing. CRIU dumps a frozen
+	// cgroup as it is, and leaves it frozen if the dump fails (thawed
+	// below).
+	paused := true
+	if err := a.rt.Pause(ctx, name); err != nil {
+		paused = false
+		a.log.Warn("pause before dump; CRIU freezes instead", "container", name, "err", err)
+	}
 	ckOpts := runc.CheckpointOpts{ImagePath: imgDir, WorkPath: imgDir, TCPEstablished: true}
 	ckCtx, ckCancel := context.WithCancel(context.WithoutCancel(ctx))
 	defer ckCancel()
@@ -164,6 +173,9 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		// the destination already took the traffic: point it back here.
 		ckCancel()
 		uerr := netplane.Unlock(a.nsPath(name))
+		if paused {
+			uerr = errors.Join(uerr, a.rt.Resume(context.WithoutCancel(ctx), name))
+		}
 		_ = conn.WriteMsg(context.WithoutCancel(ctx), migration.MsgAbort, migration.Abort{Reason: "dump failed on source"})
 		rerr := a.ensureRunning(context.WithoutCancel(ctx), name)
 		a.reclaimTraffic(context.WithoutCancel(ctx), c)
