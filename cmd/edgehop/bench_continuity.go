@@ -70,6 +70,15 @@ func benchContinuity(ctx context.Context, args []string) error {
 	if err := requireSetup(); err != nil {
 		return err
 	}
+	largest := int64(64 << 20)
+	if cfg.Sweep {
+		for _, mb := range cfg.SizesMB {
+			largest = max(largest, int64(mb)<<20)
+		}
+	}
+	if err := warmMachine(largest); err != nil {
+		return err
+	}
 	rep, err := bench.Run(ctx, cfg)
 	if err != nil {
 		return err

@@ -94,6 +94,13 @@ func benchPam(ctx context.Context, args []string) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	largest := 0.0
+	for _, m := range cfg.StatesMB {
+		largest = max(largest, m)
+	}
+	if err := warmMachine(int64(largest * 1e6)); err != nil {
+		return err
+	}
 	cfg.Log = logger(*verbose)
 	cfg.Progress = func(r bench.PAMRun) {
 		res := fmt.Sprintf("downtime %.1f ms, total %.1f ms, memory %s", r.DowntimeMs, r.TotalMs, r.Check)
