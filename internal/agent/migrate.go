@@ -71,6 +71,14 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if err := a.checkDumpable(ctx, name); err != nil {
 		return res, err
 	}
+	// The dump writes about the service's memory to tmpfs: ready that
+	// much now, outside the frozen window (linux.Reserve says why).
+	rss := cgroupRSS(a.cgroupsPath(name))
+	var warm *linux.Reserve
+	if !lazy {
+		warm = reserveFor(context.WithoutCancel(ctx), rss)
+	}
+	defer warm.Close()
 	tm := migration.NewTimer(nil)
 	defer func() {
 		res.PhasesMs = tm.Phases()
@@ -93,7 +101,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	defer conn.Close()
 	m := c.meta
 	prep := migration.Prepare{Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
-		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: req.Strategy, From: a.cfg.Node}
+		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: req.Strategy, From: a.cfg.Node, MemoryBytes: rss}
 	if lazy {
 		// Post-copy: CRIU serves the pages from loopback; the destination
 		// reaches it only through an authenticated tunnel with this token.
@@ -132,6 +140,13 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	defer os.RemoveAll(imgDir)
 	// The result is reported as such (not as a refused request) from the
 	// freeze on.
+	if warm != nil {
+		wctx, wcancel := context.WithTimeout(ctx, reserveWait)
+		_ = warm.Wait(wctx)
+		wcancel()
+		_, _ = warm.Release(-1)
+		tm.Mark(migration.PhaseReserve)
+	}
 	res.Started = time.Now().UTC()
 	tm.Freeze()
 	// The destination takes the service's traffic now and holds it.
@@ -557,10 +572,19 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 
 	// Live rounds (pre-copy) until the source freezes; then take its
 	// traffic (held until restored).
+	// Ready memory for the images and the restored process while the
+	// source works; half is given back for the images when it freezes,
+	// the rest just before the restore.
+	var warm *linux.Reserve
+	if !p.Strategy.Lazy() {
+		warm = reserveFor(context.WithoutCancel(ctx), 2*p.MemoryBytes)
+	}
+	defer warm.Close()
 	upper := filepath.Join(a.dir(p.Name), "upper")
 	if err := a.receiveRounds(ctx, conn, store, upper); err != nil {
 		return err
 	}
+	_, _ = warm.Release(p.MemoryBytes)
 	c := &container{meta: m}
 	sw := a.takeTraffic(ctx, c)
 	tRecv := time.Now()
@@ -612,6 +636,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 		}
 		defer pagesDaemon.Stop()
 	}
+	_, _ = warm.Release(-1)
 	t0 := time.Now()
 	if _, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: work, TCPEstablished: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
 		lf.Close()

@@ -160,3 +160,23 @@ func (a *Agent) checkDumpable(ctx context.Context, name string) error {
 	}
 	return nil
 }
+
+// Services smaller than reserveMin get no memory reserve; a reserve is at
+// most a quarter of the available memory, and the source waits at most
+// reserveWait for its reserve before freezing.
+const (
+	reserveMin  = 64 << 20
+	reserveWait = 15 * time.Second
+)
+
+// reserveFor starts touching n bytes for a migration (linux.Reserve);
+// nil (a valid, empty reserve) for small services.
+func reserveFor(ctx context.Context, n int64) *linux.Reserve {
+	if n < reserveMin {
+		return nil
+	}
+	if avail := linux.AvailableMemory(); avail > 0 && n > avail/4 {
+		n = avail / 4
+	}
+	return linux.ReserveMemory(ctx, n)
+}

@@ -46,6 +46,7 @@ func ParseStrategy(s string) (Strategy, error) {
 const (
 	PhasePrepare  = "prepare"  // destination namespace, IP/MAC, lock chain, rootfs
 	PhasePrecopy  = "precopy"  // live rounds and the writable layer, service running
+	PhaseReserve  = "reserve"  // waiting for the memory the dump will need to be touched
 	PhaseDump     = "dump"     // freeze + CRIU dump on the source
 	PhaseTransfer = "transfer" // images and writable layer to the destination
 	PhaseRestore  = "restore"  // CRIU restore on the destination
@@ -204,6 +205,9 @@ type Prepare struct {
 	Cwd      string   `json:"cwd"`
 	Strategy Strategy `json:"strategy"`
 	From     string   `json:"from"`
+	// MemoryBytes is the service's resident memory, for the destination
+	// to ready that much (agent.reserveFor).
+	MemoryBytes int64 `json:"memory_bytes,omitempty"`
 	// PageServer is where the destination's lazy-pages daemon reaches the
 	// source's pages (post-copy): a loopback address on the source, reached
 	// through an authenticated tunnel opened with PageToken.
