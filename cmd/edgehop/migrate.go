@@ -15,7 +15,7 @@ import (
 )
 
 func init() {
-	register(command{name: "migrate", summary: "live-migrate a container: migrate NAME --to NODE [--strategy stop-and-copy|post-copy|pre-copy|auto] [--json]", run: runMigrate})
+	register(command{name: "migrate", summary: "live-migrate a container: migrate NAME --to NODE [--strategy stop-and-copy|post-copy|pre-copy|hybrid|auto] [--json]", run: runMigrate})
 }
 
 // parseInterleaved parses flags that may come before or after positional
@@ -43,7 +43,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	var tb tbFlags
 	tb.register(fs)
 	to := fs.String("to", "", "destination node")
-	strategy := fs.String("strategy", string(migration.StopAndCopy), "stop-and-copy | post-copy | pre-copy | auto")
+	strategy := fs.String("strategy", string(migration.StopAndCopy), "stop-and-copy | post-copy | pre-copy | hybrid | auto")
 	rounds := fs.Int("rounds", 0, fmt.Sprintf("pre-copy: most live rounds (0: %d, or the planner's iterations with auto)", migration.DefaultRounds))
 	compress := fs.String("compress", "auto", "state streams: off | zstd | auto (zstd only while it raises throughput on this path's link)")
 	asJSON := fs.Bool("json", false, "print the result as JSON")
@@ -123,7 +123,7 @@ func runMigrate(ctx context.Context, args []string) error {
 
 // implemented lists the strategies the agents carry out; the planner
 // chooses among them.
-var implemented = []model.Strategy{model.Strategy(migration.StopAndCopy), model.Strategy(migration.PostCopy), model.Strategy(migration.PreCopy)}
+var implemented = []model.Strategy{model.Strategy(migration.StopAndCopy), model.Strategy(migration.PostCopy), model.Strategy(migration.PreCopy), model.Strategy(migration.Hybrid)}
 
 // planMigration asks the performance model how to move ctr from node to
 // dest: state size from the container's memory, bandwidth from the

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/lazyproxy"
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/netplane"
@@ -45,9 +46,9 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	}
 	lazy, live := req.Strategy.Lazy(), req.Strategy.Live()
 	switch req.Strategy {
-	case migration.StopAndCopy, migration.PostCopy, migration.PreCopy:
+	case migration.StopAndCopy, migration.PostCopy, migration.PreCopy, migration.Hybrid:
 	default:
-		return res, fmt.Errorf("%w: strategy %q is not available on the agent (stop-and-copy, post-copy, pre-copy; auto is resolved by the CLI)", ErrInvalid, req.Strategy)
+		return res, fmt.Errorf("%w: strategy %q is not available on the agent (stop-and-copy, post-copy, pre-copy, hybrid; auto is resolved by the CLI)", ErrInvalid, req.Strategy)
 	}
 	if req.Rounds < 0 {
 		return res, fmt.Errorf("%w: rounds %d < 0", ErrInvalid, req.Rounds)
@@ -102,11 +103,25 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	m := c.meta
 	prep := migration.Prepare{Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
 		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: req.Strategy, From: a.cfg.Node, MemoryBytes: rss}
+	var criuPages string // CRIU's page server (post-copy, hybrid)
+	var proxyL net.Listener
 	if lazy {
 		// Post-copy: CRIU serves the pages from loopback; the destination
 		// reaches it only through an authenticated tunnel with this token.
-		if prep.PageServer, err = freeLoopbackPort(); err != nil {
+		// Hybrid: the tunnel reaches a proxy in front of it instead, which
+		// sends only the pages the live rounds did not leave there.
+		if criuPages, err = freeLoopbackPort(); err != nil {
 			return res, fmt.Errorf("page server port: %w", err)
+		}
+		prep.PageServer = criuPages
+		if live {
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(false)
+			if proxyL, err = lc.Listen(ctx, "tcp", "127.0.0.1:0"); err != nil {
+				return res, fmt.Errorf("page proxy: %w", err)
+			}
+			defer proxyL.Close()
+			prep.PageServer = proxyL.Addr().String()
 		}
 		prep.PageToken = a.pages.add(prep.PageServer)
 		defer a.pages.remove(prep.PageToken)
@@ -133,6 +148,16 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 			return res, fmt.Errorf("pre-copy rounds (service still running on %s, not frozen): %w", a.cfg.Node, err)
 		}
 		tm.Mark(migration.PhasePrecopy)
+	}
+	var lazyStats lazyproxy.Stats
+	if proxyL != nil {
+		pctx, pcancel := context.WithCancel(context.WithoutCancel(ctx))
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = lazyproxy.ServeSource(pctx, proxyL, criuPages, pre.HoldsPage, &lazyStats, a.log)
+		}()
+		defer func() { pcancel(); <-done }()
 	}
 
 	imgDir := filepath.Join(a.scratchDir(), name+"-out")
@@ -168,7 +193,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	ckDone := make(chan error, 1)
 	if lazy {
 		ready := make(chan struct{})
-		ckOpts.LazyPages, ckOpts.PageServer = true, prep.PageServer
+		ckOpts.LazyPages, ckOpts.PageServer = true, criuPages
 		ckOpts.Ready = func() { close(ready) }
 		go func() { ckDone <- a.rt.Checkpoint(ckCtx, name, ckOpts) }()
 		select {
@@ -248,7 +273,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	}
 	opts := send
 	opts.Name = "images"
-	if pre != nil {
+	if pre != nil && !lazy {
 		// Only what the rounds did not leave on the destination.
 		fst, err := pre.SendFinal(ctx, conn, imgDir)
 		res.BytesOnWire += fst.Bytes()
@@ -339,6 +364,10 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 			res.Error = fmt.Sprintf("post-copy pages not all delivered: %v", err)
 		}
 		tm.Mark(migration.PhaseLazy)
+		res.BytesOnWire += a.pages.movedBytes(prep.PageToken, 2*time.Second)
+		if res.Precopy != nil {
+			res.Precopy.LazyHeldPages, res.Precopy.LazyDataPages = lazyStats.HeldPages.Load(), lazyStats.DataPages.Load()
+		}
 	}
 	// Release the source.
 	if err := a.releaseSource(context.WithoutCancel(ctx), name); err != nil {
@@ -588,7 +617,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	c := &container{meta: m}
 	sw := a.takeTraffic(ctx, c)
 	tRecv := time.Now()
-	if store != nil {
+	if store != nil && !p.Strategy.Lazy() {
 		if _, err := store.RebuildFinal(ctx, conn, imgDir); err != nil {
 			return fail(fmt.Errorf("rebuild images from pre-copy: %w", err))
 		}
@@ -630,7 +659,15 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 			return fail(fmt.Errorf("page tunnel: %w", err))
 		}
 		defer tun.Close()
-		if pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: imgDir, WorkPath: work, PageServer: tun.Addr().String()}); err != nil {
+		pageServer := tun.Addr().String()
+		if store != nil {
+			// Hybrid: pages the rounds left here come from the store.
+			if pageServer, err = a.serveLazyFromStore(tctx, tun.Addr().String(), store); err != nil {
+				lf.Close()
+				return fail(fmt.Errorf("page proxy: %w", err))
+			}
+		}
+		if pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: imgDir, WorkPath: work, PageServer: pageServer}); err != nil {
 			lf.Close()
 			return fail(fmt.Errorf("lazy-pages daemon: %w", err))
 		}

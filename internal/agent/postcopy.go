@@ -8,16 +8,45 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
+	"github.com/edgehop/edgehop/internal/lazyproxy"
 	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/precopy"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
 
 // pageServers are the lazy page servers this node serves for outgoing
 // post-copy migrations, by one-time token.
 type pageServers struct {
-	mu     sync.Mutex        // guards target
+	mu     sync.Mutex        // guards target and moved
 	target map[string]string // token -> loopback host:port
+	moved  map[string]int64  // token -> bytes through its ended tunnels
+}
+
+// addMoved records the bytes a tunnel opened with tok carried.
+func (p *pageServers) addMoved(tok string, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.moved == nil {
+		p.moved = map[string]int64{}
+	}
+	p.moved[tok] += n
+}
+
+// movedBytes waits up to wait for a tunnel opened with tok to have ended
+// and returns the bytes such tunnels carried.
+func (p *pageServers) movedBytes(tok string, wait time.Duration) int64 {
+	deadline := time.Now().Add(wait)
+	for {
+		p.mu.Lock()
+		n, ok := p.moved[tok]
+		p.mu.Unlock()
+		if ok || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 func (p *pageServers) add(target string) string {
@@ -36,6 +65,7 @@ func (p *pageServers) add(target string) string {
 func (p *pageServers) remove(tok string) {
 	p.mu.Lock()
 	delete(p.target, tok)
+	delete(p.moved, tok)
 	p.mu.Unlock()
 }
 
@@ -65,7 +95,11 @@ func freeLoopbackPort() (string, error) {
 
 // serveTunnel answers a destination's tunnel to one of our page servers.
 func (a *Agent) serveTunnel(ctx context.Context, conn *transfer.Conn, body json.RawMessage) error {
-	_, err := conn.ServeTunnel(ctx, body, a.pages.check)
+	st, err := conn.ServeTunnel(ctx, body, a.pages.check)
+	var req transfer.TunnelRequest
+	if json.Unmarshal(body, &req) == nil && err == nil {
+		a.pages.addMoved(req.Token, st.ToTarget+st.FromTarget)
+	}
 	return err
 }
 
@@ -88,3 +122,32 @@ func (a *Agent) tunnelDialer(from string) (func(context.Context) (*transfer.Conn
 // isTunnel reports whether the first message of a migration connection is
 // a page tunnel request.
 func isTunnel(typ string) bool { return typ == transfer.MsgTunnel }
+
+// serveLazyFromStore starts, until ctx ends, the destination's page proxy
+// of a hybrid migration in front of the tunnel at tunnelAddr, and returns
+// the address the lazy-pages daemon should use.
+func (a *Agent) serveLazyFromStore(ctx context.Context, tunnelAddr string, store *precopy.Store) (string, error) {
+	var lc net.ListenConfig
+	lc.SetMultipathTCP(false)
+	l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	upstream := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", tunnelAddr)
+	}
+	go func() {
+		var st lazyproxy.Stats
+		_ = lazyproxy.ServeDest(ctx, l, upstream, pageReader{store}, &st, a.log)
+		a.log.Info("hybrid: lazy pages", "from_store", st.HeldPages.Load(), "over_network", st.DataPages.Load())
+	}()
+	return l.Addr().String(), nil
+}
+
+// pageReader adapts a precopy.Store to lazyproxy.PageReader.
+type pageReader struct{ s *precopy.Store }
+
+func (r pageReader) ReadPage(pid uint32, addr uint64, buf []byte) error {
+	return r.s.ReadHeldPage(pid, addr, buf)
+}

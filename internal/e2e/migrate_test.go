@@ -135,7 +135,7 @@ func runLiveClient(ctx context.Context, wg *sync.WaitGroup, ns, addr string, per
 // continuity probe and keeps sending every 5 ms while the probe is migrated
 // around three nodes; no reset, every reply's byte count and CRC match.
 func TestProbeSurvivesMigrations(t *testing.T) {
-	for _, strategy := range []string{"stop-and-copy", "post-copy", "pre-copy"} {
+	for _, strategy := range []string{"stop-and-copy", "post-copy", "pre-copy", "hybrid"} {
 		t.Run(strategy, func(t *testing.T) { testProbeSurvivesMigrations(t, strategy) })
 	}
 }
@@ -195,7 +195,8 @@ func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 			t.Fatalf("migration %d to %s: %+v", i, to, res)
 		}
 		if res.DowntimeMs <= 0 || res.BytesOnWire <= 0 || res.PhasesMs["dump"] <= 0 || res.PhasesMs["transfer"] <= 0 ||
-			(strategy == "post-copy") != (res.PhasesMs["lazy"] > 0) || (strategy == "pre-copy") != (res.PhasesMs["precopy"] > 0) {
+			(strategy == "post-copy" || strategy == "hybrid") != (res.PhasesMs["lazy"] > 0) ||
+			(strategy == "pre-copy" || strategy == "hybrid") != (res.PhasesMs["precopy"] > 0) {
 			t.Errorf("migration %d: implausible result %+v", i, res)
 		}
 		t.Logf("migration %d -> %s: downtime %.1f ms, phases %v", i, to, res.DowntimeMs, res.PhasesMs)
@@ -222,7 +223,7 @@ func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 // it verifies its whole buffer against its seeded generator, asked on the
 // connection the client opened before the first migration.
 func TestDPRGenMemoryExact(t *testing.T) {
-	for _, strategy := range []string{"pre-copy"} {
+	for _, strategy := range []string{"pre-copy", "hybrid"} {
 		t.Run(strategy, func(t *testing.T) { testDPRGenMemoryExact(t, strategy) })
 	}
 }
@@ -266,9 +267,11 @@ func testDPRGenMemoryExact(t *testing.T, strategy string) {
 		var res struct {
 			migResult
 			Precopy struct {
-				Rounds    []json.RawMessage `json:"rounds"`
-				DumpPages int64             `json:"dump_pages"`
-				HeldPages int64             `json:"held_pages"`
+				Rounds        []json.RawMessage `json:"rounds"`
+				DumpPages     int64             `json:"dump_pages"`
+				HeldPages     int64             `json:"held_pages"`
+				LazyHeldPages int64             `json:"lazy_held_pages"`
+				LazyDataPages int64             `json:"lazy_data_pages"`
 			} `json:"precopy"`
 		}
 		e.mustJSON(&res, "migrate", "d", "--to", to, "--strategy", strategy, "--json")
@@ -276,12 +279,17 @@ func testDPRGenMemoryExact(t *testing.T, strategy string) {
 			t.Fatalf("migration %d to %s: %+v", i, to, res)
 		}
 		// 64 MB at a fifth dirty: the rounds must have left most pages on
-		// the destination.
-		if len(res.Precopy.Rounds) == 0 || res.Precopy.HeldPages*2 < res.Precopy.DumpPages {
-			t.Errorf("migration %d: rounds %d, held %d of %d dumped pages", i, len(res.Precopy.Rounds), res.Precopy.HeldPages, res.Precopy.DumpPages)
+		// the destination, found in the final delta (pre-copy) or by the
+		// lazy pages' proxy (hybrid).
+		held, all := res.Precopy.HeldPages, res.Precopy.DumpPages
+		if strategy == "hybrid" {
+			held, all = res.Precopy.LazyHeldPages, res.Precopy.LazyHeldPages+res.Precopy.LazyDataPages
+		}
+		if len(res.Precopy.Rounds) == 0 || held*2 < all {
+			t.Errorf("migration %d: rounds %d, held %d of %d pages", i, len(res.Precopy.Rounds), held, all)
 		}
 		t.Logf("migration %d -> %s: downtime %.1f ms, %d rounds, %d of %d pages held, %d bytes", i, to, res.DowntimeMs,
-			len(res.Precopy.Rounds), res.Precopy.HeldPages, res.Precopy.DumpPages, res.BytesOnWire)
+			len(res.Precopy.Rounds), held, all, res.BytesOnWire)
 		check(fmt.Sprintf("after migration %d", i))
 	}
 }

@@ -1,0 +1,272 @@
+package lazyproxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"sync/atomic"
+)
+
+// CRIU's page-server protocol (criu/page-xfer.c, CRIU 4.x): every
+// request is a struct page_server_iov {u32 cmd; u64 nr_pages; u64 vaddr;
+// u64 dst_id;} (32 bytes, little-endian, 4 bytes of padding after cmd).
+// The lazy-pages daemon sends only GET (dst_id is the process's pid in its
+// namespace) and, at the end, CLOSE or FORCE_CLOSE. The server answers a
+// GET with a header (cmd ADD_F, nr_pages possibly fewer than asked) and
+// that many pages, in request order; a CLOSE with an int32 status.
+const (
+	hdrSize  = 32
+	pageSize = 4096
+
+	cmdGet        = 7
+	cmdClose      = 0x1023
+	cmdForceClose = 0x1024
+	cmdMask       = 1<<16 - 1
+
+	// maxPages bounds one reply: the daemon asks for at most 4 MiB.
+	maxPages = 4 << 20 / pageSize
+)
+
+// Page flags on the proxies' own link, one byte before each page.
+const (
+	pageData byte = 0 // 4096 bytes follow
+	pageHeld byte = 1 // the destination holds this content at this address
+)
+
+type header struct {
+	cmd              uint32
+	nr, vaddr, dstID uint64
+}
+
+func (h *header) decode(b []byte) {
+	h.cmd = binary.LittleEndian.Uint32(b[0:])
+	h.nr = binary.LittleEndian.Uint64(b[8:])
+	h.vaddr = binary.LittleEndian.Uint64(b[16:])
+	h.dstID = binary.LittleEndian.Uint64(b[24:])
+}
+
+func (h header) op() uint32 { return h.cmd & cmdMask }
+
+// Stats counts the pages a proxy moved.
+type Stats struct {
+	Requests  atomic.Int64
+	HeldPages atomic.Int64 // answered from the destination's copy
+	DataPages atomic.Int64 // sent over the network
+}
+
+// Holds says whether the destination holds page (its content) at addr of
+// process pid.
+type Holds func(pid uint32, addr uint64, page []byte) bool
+
+// PageReader reads a page the destination holds.
+type PageReader interface {
+	ReadPage(pid uint32, addr uint64, buf []byte) error
+}
+
+// ServeSource accepts connections on l (they come from the destination's
+// proxy through the agents' tunnel) until ctx ends or l is closed. Each
+// is paired with a new connection to CRIU's page server at criuAddr:
+// requests go to CRIU unchanged; each page of CRIU's replies goes on as
+// "held" when holds says the destination has it, else as data.
+func ServeSource(ctx context.Context, l net.Listener, criuAddr string, holds Holds, st *Stats, log *slog.Logger) error {
+	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
+		var d net.Dialer
+		up, err := d.DialContext(ctx, "tcp", criuAddr)
+		if err != nil {
+			return fmt.Errorf("page server %s: %w", criuAddr, err)
+		}
+		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
+			return encodePages(h, from, to, holds, st)
+		})
+	})
+}
+
+// ServeDest accepts the lazy-pages daemon's connections on l until ctx
+// ends or l is closed. Each is paired with a connection from upstream
+// (to ServeSource): requests go on unchanged; replies are rebuilt into
+// CRIU's form, "held" pages read from pages.
+func ServeDest(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), pages PageReader, st *Stats, log *slog.Logger) error {
+	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
+		up, err := upstream(ctx)
+		if err != nil {
+			return fmt.Errorf("source proxy: %w", err)
+		}
+		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
+			return decodePages(h, from, to, pages, st)
+		})
+	})
+}
+
+func serve(ctx context.Context, l net.Listener, log *slog.Logger, handle func(context.Context, net.Conn) error) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	stop := context.AfterFunc(ctx, func() { l.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer c.Close()
+			if err := handle(ctx, c); err != nil && ctx.Err() == nil {
+				log.Warn("lazy page proxy", "err", err)
+			}
+		}()
+	}
+}
+
+// relay forwards requests from down to up and up's replies back to down,
+// each reply to a GET transformed by pages. Replies come in request order,
+// so the reply side learns from a queue which request each answers.
+func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bufio.Reader, to *bufio.Writer) error) error {
+	defer up.Close()
+	stop := context.AfterFunc(ctx, func() { down.Close(); up.Close() })
+	defer stop()
+	pending := make(chan header, 1024)
+	reqErr := make(chan error, 1)
+	go func() {
+		defer close(pending)
+		r := bufio.NewReader(down)
+		b := make([]byte, hdrSize)
+		for {
+			if _, err := io.ReadFull(r, b); err != nil {
+				if errors.Is(err, io.EOF) {
+					err = nil
+				}
+				reqErr <- err
+				return
+			}
+			var h header
+			h.decode(b)
+			switch h.op() {
+			case cmdGet:
+				if h.nr == 0 || h.nr > maxPages {
+					reqErr <- fmt.Errorf("request for %d pages", h.nr)
+					return
+				}
+			case cmdClose, cmdForceClose:
+			default:
+				reqErr <- fmt.Errorf("unknown page-server command %#x", h.cmd)
+				return
+			}
+			if _, err := up.Write(b); err != nil {
+				reqErr <- err
+				return
+			}
+			pending <- h
+			if h.op() != cmdGet {
+				reqErr <- nil
+				return
+			}
+		}
+	}()
+	from := bufio.NewReaderSize(up, 1<<20)
+	to := bufio.NewWriterSize(down, 1<<20)
+	for req := range pending {
+		if req.op() != cmdGet {
+			var status [4]byte
+			if _, err := io.ReadFull(from, status[:]); err != nil {
+				return fmt.Errorf("close status: %w", err)
+			}
+			if _, err := to.Write(status[:]); err != nil {
+				return err
+			}
+			return to.Flush()
+		}
+		b := make([]byte, hdrSize)
+		if _, err := io.ReadFull(from, b); err != nil {
+			return fmt.Errorf("reply to GET %#x+%d of %d: %w", req.vaddr, req.nr, req.dstID, err)
+		}
+		var h header
+		h.decode(b)
+		if h.nr > req.nr || h.vaddr != req.vaddr || h.dstID != req.dstID {
+			return fmt.Errorf("reply %+v does not answer request %+v", h, req)
+		}
+		if _, err := to.Write(b); err != nil {
+			return err
+		}
+		if err := pages(h, from, to); err != nil {
+			return err
+		}
+		if len(pending) == 0 {
+			if err := to.Flush(); err != nil {
+				return err
+			}
+		}
+	}
+	if err := to.Flush(); err != nil {
+		return err
+	}
+	return <-reqErr
+}
+
+// encodePages reads h.nr pages from CRIU and writes each flagged.
+func encodePages(h header, from *bufio.Reader, to *bufio.Writer, holds Holds, st *Stats) error {
+	page := make([]byte, pageSize)
+	for i := uint64(0); i < h.nr; i++ {
+		if _, err := io.ReadFull(from, page); err != nil {
+			return fmt.Errorf("page data: %w", err)
+		}
+		if holds(uint32(h.dstID), h.vaddr+i*pageSize, page) {
+			st.HeldPages.Add(1)
+			if err := to.WriteByte(pageHeld); err != nil {
+				return err
+			}
+			continue
+		}
+		st.DataPages.Add(1)
+		if err := to.WriteByte(pageData); err != nil {
+			return err
+		}
+		if _, err := to.Write(page); err != nil {
+			return err
+		}
+	}
+	st.Requests.Add(1)
+	return nil
+}
+
+// decodePages reads h.nr flagged pages and writes CRIU's plain pages.
+func decodePages(h header, from *bufio.Reader, to *bufio.Writer, pages PageReader, st *Stats) error {
+	page := make([]byte, pageSize)
+	for i := uint64(0); i < h.nr; i++ {
+		flag, err := from.ReadByte()
+		if err != nil {
+			return fmt.Errorf("page flag: %w", err)
+		}
+		switch flag {
+		case pageData:
+			st.DataPages.Add(1)
+			if _, err := io.ReadFull(from, page); err != nil {
+				return fmt.Errorf("page data: %w", err)
+			}
+		case pageHeld:
+			st.HeldPages.Add(1)
+			if err := pages.ReadPage(uint32(h.dstID), h.vaddr+i*pageSize, page); err != nil {
+				return fmt.Errorf("held page %#x of %d: %w", h.vaddr+i*pageSize, h.dstID, err)
+			}
+		default:
+			return fmt.Errorf("page flag %d", flag)
+		}
+		if _, err := to.Write(page); err != nil {
+			return err
+		}
+	}
+	st.Requests.Add(1)
+	return nil
+}
