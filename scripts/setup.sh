@@ -13,7 +13,7 @@ die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (namespaces, CRIU and runc need it); re-run with sudo"
 command -v apt-get >/dev/null || die "apt-get not found: edgehop setup supports Debian 12 machines"
 
-PKGS=(runc iptables iproute2 debootstrap busybox-static podman uidmap ca-certificates
+PKGS=(runc iptables iproute2 debootstrap busybox-static podman rsync uidmap ca-certificates
       build-essential pkg-config libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
       libnftables-dev libnl-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler
       protobuf-compiler uuid-dev python3-protobuf dpkg-dev kmod)

@@ -129,32 +129,12 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 			return nil, err
 		}
 	}
-	name := cfg.Name
-	if name == "" {
-		b := make([]byte, 4)
-		_, _ = rand.Read(b)
-		name = tbPrefix + hex.EncodeToString(b)
-	}
-	spec := testbed.Spec{Name: name,
-		Nodes:   []testbed.Endpoint{{Name: "node0", Link: cfg.NodeLink}, {Name: "node1", Link: cfg.NodeLink}},
-		Clients: []testbed.Endpoint{{Name: "client0", Link: cfg.ClientLink}}}
-	log.Info("bringing the testbed up", "name", name)
-	st, err := testbed.Up(ctx, spec, testbed.Options{Root: cfg.Root, Binary: cfg.Binary, ImageRoot: cfg.ImageRoot, Log: log})
+	e, down, err := upTestbed(ctx, cfg, log)
 	if err != nil {
-		return nil, fmt.Errorf("testbed up: %w", err)
+		return nil, err
 	}
-	defer func() {
-		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
-		defer cancel()
-		if derr := testbed.Down(dctx, cfg.Root, name, log); derr != nil {
-			err = errors.Join(err, derr)
-		}
-	}()
-	e := &env{cfg: cfg, log: log, st: st, agents: map[string]*api.Client{"core": api.NewUnixClient(st.Core.Socket)},
-		client: nsDialer{ns: st.Clients[0].NetNSPath}}
-	for _, n := range st.Nodes {
-		e.agents[n.Name] = api.NewUnixClient(n.Socket)
-	}
+	defer func() { err = errors.Join(err, down()) }()
+	name := e.st.Name
 
 	rep = &Report{Strategy: string(cfg.Strategy), Started: started.UTC(),
 		Testbed: TestbedInfo{Name: name, NodeRateBps: cfg.NodeLink.RateBps, NodeDelayMs: ms(cfg.NodeLink.Delay),
@@ -207,6 +187,37 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	rep.Notes = notes(rep)
 	rep.ElapsedS = time.Since(started).Seconds()
 	return rep, nil
+}
+
+// upTestbed brings up the benchmarks' testbed (two nodes on cfg.NodeLink,
+// one client on cfg.ClientLink) and returns it with down, which tears it
+// down whatever happened.
+func upTestbed(ctx context.Context, cfg Config, log *slog.Logger) (*env, func() error, error) {
+	name := cfg.Name
+	if name == "" {
+		b := make([]byte, 4)
+		_, _ = rand.Read(b)
+		name = tbPrefix + hex.EncodeToString(b)
+	}
+	spec := testbed.Spec{Name: name,
+		Nodes:   []testbed.Endpoint{{Name: "node0", Link: cfg.NodeLink}, {Name: "node1", Link: cfg.NodeLink}},
+		Clients: []testbed.Endpoint{{Name: "client0", Link: cfg.ClientLink}}}
+	log.Info("bringing the testbed up", "name", name)
+	st, err := testbed.Up(ctx, spec, testbed.Options{Root: cfg.Root, Binary: cfg.Binary, ImageRoot: cfg.ImageRoot, Log: log})
+	if err != nil {
+		return nil, nil, fmt.Errorf("testbed up: %w", err)
+	}
+	down := func() error {
+		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
+		defer cancel()
+		return testbed.Down(dctx, cfg.Root, name, log)
+	}
+	e := &env{cfg: cfg, log: log, st: st, agents: map[string]*api.Client{"core": api.NewUnixClient(st.Core.Socket)},
+		client: nsDialer{ns: st.Clients[0].NetNSPath}}
+	for _, n := range st.Nodes {
+		e.agents[n.Name] = api.NewUnixClient(n.Socket)
+	}
+	return e, down, nil
 }
 
 // ensureImage builds a built-in image when the cache lacks it.

@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -261,6 +262,12 @@ func addStats(m map[string]float64, out string) {
 // CRIU's lock chain loaded before its link is up) is prepared before the
 // freeze, as edgehop's destination does.
 func (p *podman) migrate(ctx context.Context, s *service, to int) (r Migration, err error) {
+	return p.migrateWith(ctx, s, to, nil)
+}
+
+// migrateWith is migrate, the archive moved by sh when it is not nil:
+// ARNAB's method (rsync rounds of full checkpoints, then a final one).
+func (p *podman) migrateWith(ctx context.Context, s *service, to int, sh *rsyncShip) (r Migration, err error) {
 	from := s.loc
 	r = Migration{From: p.e.node(from).Name, To: p.e.node(to).Name, CRIU: map[string]float64{}}
 	tm := migration.NewTimer(nil)
@@ -289,8 +296,27 @@ func (p *podman) migrate(ctx context.Context, s *service, to int) (r Migration, 
 
 	out := filepath.Join(p.scratch, s.name+"-export.tar.zst")
 	in := filepath.Join(p.scratch, s.name+"-import.tar.zst")
+	ckArgs := []string{"container", "checkpoint", "--tcp-established", "--print-stats", "--export", out}
+	if sh != nil {
+		// Uncompressed, so that rsync finds the unchanged blocks of the
+		// previous round's archive on the destination.
+		out, in = filepath.Join(p.scratch, s.name+"-export.tar"), filepath.Join(sh.dir, s.name+"-import.tar")
+		ckArgs = []string{"container", "checkpoint", "--tcp-established", "--print-stats", "--compress", "none", "--export", out}
+		for i := 0; i < sh.rounds; i++ {
+			if _, err := podmanCmd(ctx, append(slices.Clone(ckArgs), "--leave-running", s.name)...); err != nil {
+				return r, errors.Join(fmt.Errorf("checkpoint round %d: %w", i+1, err), netplane.Unlock(s.nsPath),
+					p.planes[to].Detach(s.name), linux.DeleteNetNS(dst))
+			}
+			n, err := sh.send(ctx, p.e.node(from).NetNSPath, out, filepath.Base(in))
+			r.BytesOnWire += n
+			if err != nil {
+				return r, errors.Join(fmt.Errorf("rsync round %d: %w", i+1, err), p.planes[to].Detach(s.name), linux.DeleteNetNS(dst))
+			}
+		}
+		tm.Mark(migration.PhasePrecopy)
+	}
 	tm.Freeze()
-	stats, err := podmanCmd(ctx, "container", "checkpoint", "--tcp-established", "--print-stats", "--export", out, s.name)
+	stats, err := podmanCmd(ctx, append(ckArgs, s.name)...)
 	if err != nil {
 		// CRIU resumes a container whose dump failed but leaves its lock.
 		return r, errors.Join(fmt.Errorf("checkpoint: %w", err), netplane.Unlock(s.nsPath),
@@ -311,14 +337,20 @@ func (p *podman) migrate(ctx context.Context, s *service, to int) (r Migration, 
 		_, err := podmanCmd(context.WithoutCancel(ctx), "rm", s.name)
 		rmDone <- errors.Join(derr, err)
 	}()
-	n, serr := ship(ctx, p.e.node(from).NetNSPath, p.e.node(to).NetNSPath, p.e.node(to).Address, out, in)
+	var n int64
+	var serr error
+	if sh != nil {
+		n, serr = sh.send(ctx, p.e.node(from).NetNSPath, out, filepath.Base(in))
+	} else {
+		n, serr = ship(ctx, p.e.node(from).NetNSPath, p.e.node(to).NetNSPath, p.e.node(to).Address, out, in)
+	}
 	tm.Mark(migration.PhaseTransfer)
 	rerr := <-rmDone
 	tm.Mark("rm")
 	if err := errors.Join(serr, rerr); err != nil {
 		return r, fmt.Errorf("after checkpoint (container is stopped): %w", err)
 	}
-	r.BytesOnWire = n
+	r.BytesOnWire += n
 
 	// The container's `ns:` path now names the destination namespace.
 	if err := linux.DeleteNetNS(s.nsPath); err != nil {
