@@ -97,16 +97,10 @@ type ARNABReport struct {
 // the grid migrated node0 → node1 once with every strategy, DPRGen
 // checking its memory afterwards.
 func RunARNAB(ctx context.Context, cfg ARNABConfig) (rep *ARNABReport, err error) {
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := orDiscard(cfg.Log)
 	start := time.Now()
-	if _, err := image.Resolve(cfg.ImageRoot, image.DPRGen); err != nil {
-		return nil, fmt.Errorf("image %s: %w (run 'edgehop image build dprgen')", image.DPRGen, err)
-	}
 	bc := Config{Root: cfg.Root, Binary: cfg.Binary, ImageRoot: cfg.ImageRoot, NodeLink: cfg.NodeLink, ClientLink: cfg.NodeLink}
-	e, down, err := upTestbed(ctx, bc, log)
+	e, down, err := dprgenTestbed(ctx, bc, log)
 	if err != nil {
 		return nil, err
 	}
@@ -324,4 +318,21 @@ func ratioString(r *float64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.2f×", *r)
+}
+
+// dprgenTestbed checks that the dprgen image is in the cache and brings up
+// the benchmarks' testbed (upTestbed).
+func dprgenTestbed(ctx context.Context, bc Config, log *slog.Logger) (*env, func() error, error) {
+	if _, err := image.Resolve(bc.ImageRoot, image.DPRGen); err != nil {
+		return nil, nil, fmt.Errorf("image %s: %w (run 'edgehop image build dprgen')", image.DPRGen, err)
+	}
+	return upTestbed(ctx, bc, log)
+}
+
+// orDiscard returns log, or a logger that discards when it is nil.
+func orDiscard(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return log
 }

@@ -87,18 +87,12 @@ func nodeLinkFor(rttMs, bwMbps float64) testbed.Link {
 // RunTeka reproduces Tables 6–7 on a fresh testbed, changing both node
 // links at run time for each cell.
 func RunTeka(ctx context.Context, cfg TekaConfig) (rep *TekaReport, err error) {
-	log := cfg.Log
-	if log == nil {
-		log = slog.New(slog.DiscardHandler)
-	}
+	log := orDiscard(cfg.Log)
 	start := time.Now()
-	if _, err := image.Resolve(cfg.ImageRoot, image.DPRGen); err != nil {
-		return nil, fmt.Errorf("image %s: %w (run 'edgehop image build dprgen')", image.DPRGen, err)
-	}
 	first := nodeLinkFor(tekaRTTMs[0], tekaBWMbps[0])
 	bc := Config{Root: cfg.Root, Binary: cfg.Binary, ImageRoot: cfg.ImageRoot, NodeLink: first,
 		ClientLink: testbed.Link{RateBps: 1_000_000_000, Delay: time.Millisecond}}
-	e, down, err := upTestbed(ctx, bc, log)
+	e, down, err := dprgenTestbed(ctx, bc, log)
 	if err != nil {
 		return nil, err
 	}
