@@ -69,6 +69,12 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	if err := runc.WriteCRIUConfig(a.criuConfig(), runc.SkipNetworkLock); err != nil {
+		return fmt.Errorf("criu config: %w", err)
+	}
+	if a.cfg.Role == RoleNode {
+		a.warmCRIU(ctx)
+	}
 	pcfg := netplane.Config{VNI: a.cfg.VNI, VTEP: a.cfg.VTEP}
 	if a.cfg.Role == RoleGateway {
 		pcfg.Gateway = netip.PrefixFrom(a.cfg.Gateway, a.cfg.Overlay.Bits())
@@ -263,4 +269,24 @@ func (a *Agent) forget(e api.Endpoint) error {
 		return a.plane.DelRemote(mac)
 	}
 	return nil
+}
+
+// warmCRIU does before any migration what would otherwise happen inside
+// the first one's frozen window: the cached `criu check` probes, and
+// CRIU's kernel-feature cache (runc.Runtime.WarmKerndat). A node without
+// a working CRIU still runs containers; migrations then fail with the
+// probe's reason.
+func (a *Agent) warmCRIU(ctx context.Context) {
+	if err := a.rt.CheckCRIU(ctx); err != nil {
+		a.log.Warn("checkpoint/restore unavailable", "err", err)
+		return
+	}
+	if err := a.rt.CheckLazyPages(ctx); err != nil {
+		a.log.Info("post-copy unavailable", "err", err)
+	}
+	if wrote, err := a.rt.WarmKerndat(ctx); err != nil {
+		a.log.Warn("criu kerndat cache", "err", err)
+	} else if wrote {
+		a.log.Info("criu kerndat cache written", "path", "/run/criu.kdat")
+	}
 }

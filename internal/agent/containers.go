@@ -283,8 +283,13 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 
 func (a *Agent) runcSpec(m meta) runc.Spec {
 	return runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
-		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name)}
+		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name),
+		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
 }
+
+// criuConfig is the CRIU configuration file of this node's containers
+// (written at start: runc.SkipNetworkLock).
+func (a *Agent) criuConfig() string { return filepath.Join(a.cfg.StateDir, "criu.conf") }
 
 func (a *Agent) writeMeta(m meta) error {
 	b, err := json.MarshalIndent(m, "", "  ")

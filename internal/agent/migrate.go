@@ -87,6 +87,8 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		res.OK = err == nil
 		if err != nil {
 			res.Error = err.Error()
+			a.log.Warn("migration failed", "container", name, "to", req.To, "strategy", req.Strategy,
+				"rolled_back", res.RolledBack, "err", err)
 		}
 		a.recordHistory(res)
 	}()
@@ -178,14 +180,21 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if err := conn.WriteMsg(ctx, migration.MsgFrozen, struct{}{}); err != nil {
 		return res, fmt.Errorf("notify %s: %w", req.To, err)
 	}
-	// runc's freezer polls the cgroup closely; CRIU's own waits 100 ms
-	// whenever the first look finds it still freezing. CRIU dumps a frozen
-	// cgroup as it is, and leaves it frozen if the dump fails (thawed
-	// below).
+	// Freeze here, polling the cgroup closely (CRIU's own freezer waits
+	// 100 ms whenever its first look finds the cgroup still freezing, and
+	// `runc pause` would start a process inside the frozen window). CRIU
+	// dumps a frozen cgroup as it is, and leaves it frozen if the dump
+	// fails (thawed below).
 	paused := true
-	if err := a.rt.Pause(ctx, name); err != nil {
+	if err := linux.FreezeCgroup(ctx, a.cgroupsPath(name)); err != nil {
 		paused = false
-		a.log.Warn("pause before dump; CRIU freezes instead", "container", name, "err", err)
+		a.log.Warn("freeze before dump; CRIU freezes instead", "container", name, "err", err)
+	}
+	// The network lock (CRIU's is skipped, runc.SkipNetworkLock): the
+	// frozen sockets get no packets, and no reset leaves once the dumped
+	// tasks are gone. Every way back to this node brings it up again.
+	if err := a.plane.SetHostLink(name, false); err != nil {
+		a.log.Warn("network lock before dump", "container", name, "err", err)
 	}
 	ckOpts := runc.CheckpointOpts{ImagePath: imgDir, WorkPath: imgDir, TCPEstablished: true}
 	ckCtx, ckCancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -212,10 +221,11 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		// CRIU resumes the service when a dump fails, but leaves its lock;
 		// the destination already took the traffic: point it back here.
 		ckCancel()
-		uerr := netplane.Unlock(a.nsPath(name))
+		uerr := netplane.Unlock(a.nsPath(name)) // a CRIU configured to lock
 		if paused {
-			uerr = errors.Join(uerr, a.rt.Resume(context.WithoutCancel(ctx), name))
+			uerr = errors.Join(uerr, linux.ThawCgroup(context.WithoutCancel(ctx), a.cgroupsPath(name)))
 		}
+		uerr = errors.Join(uerr, a.plane.SetHostLink(name, true))
 		_ = conn.WriteMsg(context.WithoutCancel(ctx), migration.MsgAbort, migration.Abort{Reason: "dump failed on source"})
 		rerr := a.ensureRunning(context.WithoutCancel(ctx), name)
 		a.reclaimTraffic(context.WithoutCancel(ctx), c)
@@ -313,11 +323,16 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 
 	var restored migration.Restored
 	var m1 peerMessage
+	wait := migration.RestoreDeadline(res.StateBytes) + migration.RestoreGrace
+	restoreTimer := time.NewTimer(wait)
 	select {
 	case m1 = <-peerMsg:
 	case <-ctx.Done():
 		m1.err = ctx.Err()
+	case <-restoreTimer.C:
+		m1.err = fmt.Errorf("no answer within %s of the images' arrival", wait)
 	}
+	restoreTimer.Stop()
 	if err := m1.as(migration.MsgRestored, &restored); err != nil {
 		return rollback(fmt.Errorf("restore on %s: %w", req.To, err))
 	}
@@ -411,6 +426,10 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string) e
 		}
 		c.log = lf
 		a.mu.Unlock()
+	}
+	// The sockets are back: lift the dump's network lock.
+	if err := a.plane.SetHostLink(name, true); err != nil {
+		return err
 	}
 	a.mu.Lock()
 	a.containers[name] = c
@@ -546,7 +565,10 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	}()
 
 	// Prepare before the source freezes: rootfs base, namespace with the
-	// same IP and MAC, CRIU's lock chain before the link comes up.
+	// same IP and MAC, and the Holder, which keeps every packet for the
+	// service away from the namespace's stack until the restore is done
+	// (so none meets a missing socket and draws a reset). CRIU's own lock
+	// is skipped (runc.SkipNetworkLock).
 	ip, err := netip.ParseAddr(p.IP)
 	if err != nil {
 		return fail(err)
@@ -564,9 +586,6 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	}
 	ns := a.nsPath(p.Name)
 	if err := linux.NewNetNS(ns); err != nil {
-		return fail(err)
-	}
-	if err := netplane.Lock(ns); err != nil {
 		return fail(err)
 	}
 	ep := netplane.Endpoint{Container: p.Name, NetNSPath: ns, Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
@@ -617,12 +636,19 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	c := &container{meta: m}
 	sw := a.takeTraffic(ctx, c)
 	tRecv := time.Now()
+	var stateBytes int64 // the images' size, for the restore deadline
 	if store != nil && !p.Strategy.Lazy() {
-		if _, err := store.RebuildFinal(ctx, conn, imgDir); err != nil {
+		fst, err := store.RebuildFinal(ctx, conn, imgDir)
+		if err != nil {
 			return fail(fmt.Errorf("rebuild images from pre-copy: %w", err))
 		}
-	} else if _, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{}); err != nil {
-		return fail(fmt.Errorf("receive images: %w", err))
+		stateBytes = fst.DumpBytes
+	} else {
+		rst, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{})
+		if err != nil {
+			return fail(fmt.Errorf("receive images: %w", err))
+		}
+		stateBytes = rst.PayloadBytes
 	}
 	if store != nil {
 		if err := recvLayerDelta(ctx, conn, upper); err != nil {
@@ -675,21 +701,40 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	}
 	_, _ = warm.Release(-1)
 	t0 := time.Now()
-	if _, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: work, TCPEstablished: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+	// A restore that hangs must not keep the service away for good: past
+	// the deadline it is killed and the source takes the service back.
+	rdl := migration.RestoreDeadline(stateBytes)
+	rctx, rcancel := context.WithTimeout(ctx, rdl)
+	_, err = a.rt.Restore(rctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: work, TCPEstablished: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf})
+	if err != nil && rctx.Err() == context.DeadlineExceeded {
+		err = fmt.Errorf("no restore within %s (%d bytes of images): %w", rdl, stateBytes, err)
+	}
+	rcancel()
+	if err != nil {
 		lf.Close()
 		return fail(fmt.Errorf("restore: %w", err))
 	}
 	held, herr := holder.Release()
-	holder = nil
 	if herr != nil {
 		a.log.Warn("release held packets", "container", p.Name, "err", herr)
+	}
+	// The rule goes once the source has heard: it does not delay the
+	// service, and packets pass meanwhile.
+	released := holder
+	holder = nil
+	stopHolding := func() {
+		if err := released.Close(); err != nil {
+			a.log.Warn("stop holding", "container", p.Name, "err", err)
+		}
 	}
 	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0)), NetworkMs: sw.NetworkMs, Held: held, RecvMs: recvMs}
 	if st, err := runc.ReadRestoreStats(work); err == nil {
 		r.CRIU = restoreStatsMap(st)
 	}
 	c.log = lf
-	if err := conn.WriteMsg(ctx, migration.MsgRestored, r); err != nil {
+	err = conn.WriteMsg(ctx, migration.MsgRestored, r)
+	stopHolding()
+	if err != nil {
 		return a.decideAfterLoss(ctx, c, p.From, err, &committed)
 	}
 	if err := expect(ctx, conn, migration.MsgCommit, nil); err != nil {

@@ -133,6 +133,10 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.http.Do(req)
+	if err != nil && ctx.Err() != nil {
+		// Reached, but no answer in time: not an unreachable agent.
+		return fmt.Errorf("%w: no answer from the agent at %s in time (%v)", ErrUnavailable, c.addr, ctx.Err())
+	}
 	if err != nil {
 		var ue *url.Error
 		if errors.As(err, &ue) {

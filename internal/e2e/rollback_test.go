@@ -125,11 +125,14 @@ func TestRollbackDestinationKilled(t *testing.T) {
 	}
 	done := make(chan out, 1)
 	go func() {
-		o, errs, err := e.run("migrate", "redis", "--to", "node1")
+		// Uncompressed: the ~60 MB take seconds on the slow link, a wide
+		// window to kill the destination in.
+		o, errs, err := e.run("migrate", "redis", "--to", "node1", "--compress", "off")
 		done <- out{o, errs, err}
 	}()
 	// Wait until the destination is receiving, then kill its agent.
-	in := filepath.Join(st.Nodes[1].StateDir, "scratch", "redis-in")
+	// (transfer.RecvDir fills a partial directory, renamed when complete.)
+	in := filepath.Join(st.Nodes[1].StateDir, "scratch", ".redis-in.partial-")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if ents, _ := filepath.Glob(in + "*"); len(ents) > 0 {

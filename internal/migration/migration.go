@@ -75,6 +75,19 @@ type Request struct {
 // DefaultRounds caps live rounds when the request does not.
 const DefaultRounds = 6
 
+// RestoreDeadline bounds the destination's restore of stateBytes of
+// images: a restore that takes longer is taken as hung, and the service
+// goes back to the source. CRIU restores from tmpfs at well over 100
+// MB/s; the bound allows a fixed 30 s plus 1 s per 32 MiB.
+func RestoreDeadline(stateBytes int64) time.Duration {
+	return 30*time.Second + time.Duration(max(stateBytes, 0)>>25)*time.Second
+}
+
+// RestoreGrace is how much longer than RestoreDeadline the source waits
+// for the destination's answer, so that a destination giving up is heard
+// with its reason.
+const RestoreGrace = 10 * time.Second
+
 // Precopy reports the live rounds of a pre-copy or hybrid migration.
 type Precopy struct {
 	Rounds       []Round `json:"rounds"`

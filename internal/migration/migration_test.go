@@ -46,3 +46,15 @@ func TestParseStrategy(t *testing.T) {
 		t.Error("unknown strategy accepted")
 	}
 }
+
+func TestRestoreDeadline(t *testing.T) {
+	if got := RestoreDeadline(0); got != 30*time.Second {
+		t.Errorf("RestoreDeadline(0) = %v, want 30s", got)
+	}
+	if got := RestoreDeadline(1 << 30); got != 62*time.Second {
+		t.Errorf("RestoreDeadline(1 GiB) = %v, want 62s", got)
+	}
+	if RestoreDeadline(-1) != RestoreDeadline(0) {
+		t.Error("negative sizes must count as zero")
+	}
+}

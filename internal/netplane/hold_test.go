@@ -98,17 +98,17 @@ func holdRulePresent(ns string) bool {
 }
 
 // TestHolder: packets arriving while held reach nobody; Release delivers
-// every one of them in arrival order, Drop none, and both leave the path
-// open and the rule removed.
+// every one of them in arrival order and lets later ones pass, Drop
+// delivers none; Close (after Release) and Drop leave the path open and
+// the rule removed.
 func TestHolder(t *testing.T) {
 	for _, tc := range []struct {
-		name      string
-		release   bool
-		wantHeld  int
-		wantLater bool // the held packets arrive after the end
+		name     string
+		release  bool
+		wantHeld int
 	}{
-		{"release delivers in order", true, 5, true},
-		{"drop discards", false, 3, false},
+		{"release delivers in order", true, 5},
+		{"drop discards", false, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newHoldPair(t)
@@ -146,20 +146,29 @@ func TestHolder(t *testing.T) {
 				if err != nil || n != tc.wantHeld {
 					t.Fatalf("Release = %d, %v; want %d", n, err, tc.wantHeld)
 				}
-			} else if err := h.Drop(); err != nil {
-				t.Fatalf("Drop: %v", err)
-			}
-			ended = true
-			if holdRulePresent(p.svcNS) {
-				t.Fatal("hold rule left behind")
-			}
-			if tc.wantLater {
 				for _, want := range sent {
 					got, err := p.recv(2 * time.Second)
 					if err != nil || got != want {
 						t.Fatalf("after release read %q (err %v), want %q", got, err, want)
 					}
 				}
+				// Released but not closed: the rule is there, packets pass.
+				if !holdRulePresent(p.svcNS) {
+					t.Fatal("Release removed the rule; Close should")
+				}
+				p.send(t, "released")
+				if got, err := p.recv(2 * time.Second); err != nil || got != "released" {
+					t.Fatalf("after Release read %q (err %v), want \"released\"", got, err)
+				}
+				if err := h.Close(); err != nil {
+					t.Fatalf("Close: %v", err)
+				}
+			} else if err := h.Drop(); err != nil {
+				t.Fatalf("Drop: %v", err)
+			}
+			ended = true
+			if holdRulePresent(p.svcNS) {
+				t.Fatal("hold rule left behind")
 			}
 			// The path is open again: the next packet is the next one read.
 			p.send(t, "after")

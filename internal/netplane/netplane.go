@@ -306,3 +306,25 @@ func (p *Plane) Detach(container string) error {
 	}
 	return p.h.LinkDel(l)
 }
+
+// SetHostLink sets the container's node-side veth up or down. Down, it is
+// the source's network lock during a dump (CRIU runs with its own lock
+// skipped): nothing reaches the frozen sockets, and nothing they or the
+// kernel emit for them (a reset once the dumped tasks are gone) leaves
+// the namespace. The namespace keeps its address and routes, so a
+// service restored there again (rollback) needs only the link back up.
+func (p *Plane) SetHostLink(container string, up bool) error {
+	l, err := p.h.LinkByName(HostIfName(container))
+	if err != nil {
+		return fmt.Errorf("veth of %s: %w", container, err)
+	}
+	if up {
+		err = p.h.LinkSetUp(l)
+	} else {
+		err = p.h.LinkSetDown(l)
+	}
+	if err != nil {
+		return fmt.Errorf("set veth of %s up=%v: %w", container, up, err)
+	}
+	return nil
+}

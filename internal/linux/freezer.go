@@ -1,0 +1,97 @@
+package linux
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+// cgroupRoot is where the cgroup hierarchies are mounted.
+const cgroupRoot = "/sys/fs/cgroup"
+
+// FreezeCgroup freezes every task of the cgroup at path (relative to each
+// hierarchy's root, as in an OCI spec's cgroupsPath) and returns once the
+// kernel reports it frozen. It does what `runc pause` does, without
+// starting runc inside the frozen window. It uses the v1 freezer where
+// that hierarchy is mounted, cgroup.freeze (v2) otherwise.
+func FreezeCgroup(ctx context.Context, path string) error {
+	return setFrozen(ctx, path, true)
+}
+
+// ThawCgroup undoes FreezeCgroup.
+func ThawCgroup(ctx context.Context, path string) error {
+	return setFrozen(ctx, path, false)
+}
+
+func setFrozen(ctx context.Context, path string, frozen bool) error {
+	v1 := filepath.Join(cgroupRoot, "freezer", path, "freezer.state")
+	if _, err := os.Stat(v1); err == nil {
+		want := "THAWED"
+		if frozen {
+			want = "FROZEN"
+		}
+		return pollCgroup(ctx, v1, want, func(got string) bool { return got == want }, v1, want)
+	}
+	v2 := filepath.Join(cgroupRoot, path, "cgroup.freeze")
+	if _, err := os.Stat(v2); err != nil {
+		return fmt.Errorf("freezer of cgroup %s: no v1 freezer.state or v2 cgroup.freeze: %w", path, err)
+	}
+	val, want := "0", "frozen 0"
+	if frozen {
+		val, want = "1", "frozen 1"
+	}
+	events := filepath.Join(cgroupRoot, path, "cgroup.events")
+	return pollCgroup(ctx, events, want, func(got string) bool {
+		for _, l := range strings.Split(got, "\n") {
+			if l == want {
+				return true
+			}
+		}
+		return false
+	}, v2, val)
+}
+
+// pollCgroup writes val to ctl, then reads file until done says so; a
+// v1 freezer may stay FREEZING while a task is in an uninterruptible
+// wait, so the write is repeated as runc does.
+func pollCgroup(ctx context.Context, file, want string, done func(string) bool, ctl, val string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for i := 0; ; i++ {
+		if i%10 == 0 {
+			if err := os.WriteFile(ctl, []byte(val), 0o644); err != nil {
+				return fmt.Errorf("write %s to %s: %w", val, ctl, err)
+			}
+		}
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return err
+		}
+		got := strings.TrimSpace(string(b))
+		if done(got) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: still %q after 10s, want %q", file, got, want)
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Join(ctx.Err(), os.WriteFile(ctl, []byte(thawValue(val)), 0o644))
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// thawValue is the value that undoes val, for giving up on a freeze.
+func thawValue(val string) string {
+	switch val {
+	case "FROZEN":
+		return "THAWED"
+	case "1":
+		return "0"
+	}
+	return val
+}
