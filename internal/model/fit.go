@@ -179,11 +179,23 @@ func Fit(samples []Sample) (FitResult, error) {
 		}
 		return keys[i][1] < keys[j][1]
 	})
+	// The pooled set of a pair sorts first ("*" before any strategy). A
+	// strategy's own set starts from it, so a relation its samples cannot
+	// estimate (a lazy dump's CRIU statistics are not usable, for one)
+	// keeps the value measured on this pair rather than Table III's.
 	res := FitResult{Version: FitVersion}
+	pooled := map[string]Params{}
 	for _, k := range keys {
-		set, err := fitGroup(k[0], k[1], groups[k])
+		base, baseName := DefaultParams(), "Table III values"
+		if b, ok := pooled[k[0]]; ok && k[1] != PooledStrategy {
+			base, baseName = b, "the pair's pooled fit"
+		}
+		set, err := fitGroup(k[0], k[1], groups[k], base, baseName)
 		if err != nil {
 			return FitResult{}, fmt.Errorf("fit %s %s: %w", k[0], k[1], err)
+		}
+		if k[1] == PooledStrategy {
+			pooled[k[0]] = set.Params
 		}
 		res.Sets = append(res.Sets, set)
 	}
@@ -350,11 +362,10 @@ func eagerBytes(s Sample) float64 {
 	return float64(s.StateBytes)
 }
 
-func fitGroup(pair, strategy string, samples []Sample) (FittedSet, error) {
-	def := DefaultParams()
-	p := def
+func fitGroup(pair, strategy string, samples []Sample, base Params, baseName string) (FittedSet, error) {
+	p := base
 	p.Name = fmt.Sprintf("fit %s %s", pair, strategy)
-	p.Source = fmt.Sprintf("least squares on %d samples; parameters not estimated keep Table III values", len(samples))
+	p.Source = fmt.Sprintf("least squares on %d samples; parameters not estimated keep %s", len(samples), baseName)
 	set := FittedSet{Pair: pair, Strategy: strategy, Samples: len(samples)}
 	f := fitter{set: &set}
 

@@ -202,13 +202,20 @@ func TestFitRecoversCoefficients(t *testing.T) {
 		}
 	}
 	// A lazy-only set estimates the dump floor as a constant and keeps the
-	// Table III slope it cannot see.
+	// slope it cannot see from the pair's pooled fit, not Table III.
 	post, err := res.Lookup("node0->node1", PostCopy)
 	if err != nil {
 		t.Fatal(err)
 	}
+	pooled, err = res.Lookup("node0->node1", PooledStrategy)
+	if err != nil {
+		t.Fatal(err)
+	}
 	within(t, "post-copy φᵈ", post.PhiDMs, truth.PhiDMs, 0.05)
-	approx(t, "post-copy keeps ξ(R_max)", post.Xi.Max, DefaultParams().Xi.Max)
+	approx(t, "post-copy keeps the pooled ξ(R_max)", post.Xi.Max, pooled.Xi.Max)
+	if post.Xi.Max == DefaultParams().Xi.Max {
+		t.Errorf("post-copy ξ(R_max) is Table III's %v, want the pooled fit's", post.Xi.Max)
+	}
 	within(t, "post-copy νᵖ from pages_lazy", post.NuPPerByte, truth.NuPPerByte, 1e-3)
 	if r := relation(t, setOf(t, res, PostCopy), "dump_frozen"); r.Kind != "constant" {
 		t.Errorf("post-copy dump_frozen kind %q, want constant", r.Kind)
