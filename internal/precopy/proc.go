@@ -33,7 +33,7 @@ func processTree(root int) ([]process, error) {
 	for i := 0; i < len(out); i++ {
 		kids, err := linux.ChildPIDs(out[i].pid)
 		if err != nil {
-			if i > 0 && errors.Is(err, fs.ErrNotExist) {
+			if i > 0 && exited(err) {
 				continue
 			}
 			return nil, fmt.Errorf("children of %d: %w", out[i].pid, err)
@@ -45,7 +45,7 @@ func processTree(root int) ([]process, error) {
 			seen[k] = true
 			kns, err := linux.NSPIDs(k)
 			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
+				if exited(err) {
 					continue
 				}
 				return nil, fmt.Errorf("process %d: %w", k, err)
@@ -57,6 +57,12 @@ func processTree(root int) ([]process, error) {
 		}
 	}
 	return out, nil
+}
+
+// exited reports whether err says the process is gone: its /proc entry
+// missing, or (exiting between open and read) ESRCH.
+func exited(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, linux.ErrNoProcess)
 }
 
 // mapping is a memory mapping whose pages CRIU dumps.

@@ -1,12 +1,17 @@
 package precopy
 
 import (
+	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"slices"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/linux"
 )
@@ -106,5 +111,40 @@ func TestDataRanges(t *testing.T) {
 	want := []linux.MemRange{{Start: base + 3*PageSize, End: base + 6*PageSize}, {Start: base + 40*PageSize, End: base + 41*PageSize}}
 	if !slices.Equal(got, want) {
 		t.Fatalf("data ranges %x, want %x (sum %d)", got, want, sum)
+	}
+}
+
+// TestProcessTreeChurn walks a tree whose children come and go all the
+// time: a child that exits during the walk is left out, never an error.
+func TestProcessTreeChurn(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "while :; do /bin/true; done")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	deadline := time.Now().Add(time.Second)
+	for n := 0; time.Now().Before(deadline); n++ {
+		procs, err := processTree(cmd.Process.Pid)
+		if err != nil {
+			t.Fatalf("walk %d: %v", n, err)
+		}
+		if len(procs) == 0 || procs[0].pid != cmd.Process.Pid {
+			t.Fatalf("walk %d: %v does not start at the root", n, procs)
+		}
+	}
+}
+
+func TestExited(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("read: %w", unix.ESRCH), true},
+		{fmt.Errorf("open: %w", fs.ErrNotExist), true},
+		{fmt.Errorf("read: %w", unix.EACCES), false},
+	} {
+		if got := exited(tc.err); got != tc.want {
+			t.Errorf("exited(%v) = %v, want %v", tc.err, got, tc.want)
+		}
 	}
 }

@@ -3,8 +3,11 @@ package testbed
 import (
 	"context"
 	"fmt"
+	"io"
+	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/linkemu"
@@ -69,7 +72,8 @@ func waitLinkd(ctx context.Context, st *State) error {
 		if _, err := linkemu.Status(ctx, st.LinkdSock); err == nil {
 			return nil
 		} else if time.Now().After(deadline) || exited(filepath.Join(coreDir, "linkd.pid")) {
-			return fmt.Errorf("linkd not ready (see %s): %w", filepath.Join(coreDir, "linkd.log"), err)
+			log := filepath.Join(coreDir, "linkd.log")
+			return fmt.Errorf("linkd not ready (%s ends: %q): %w", log, logTail(log, 400), err)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
@@ -137,4 +141,18 @@ func SetLink(ctx context.Context, root, name, member string, l Link) error {
 	}
 	m[idx].Link = l
 	return st.save()
+}
+
+// logTail is the last n bytes of the file at path, for error messages.
+func logTail(path string, n int64) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return err.Error()
+	}
+	defer f.Close()
+	if fi, err := f.Stat(); err == nil && fi.Size() > n {
+		_, _ = f.Seek(fi.Size()-n, io.SeekStart)
+	}
+	b, _ := io.ReadAll(f)
+	return strings.TrimSpace(string(b))
 }
