@@ -41,6 +41,8 @@ type Agent struct {
 
 	pages pageServers // lazy page servers of outgoing post-copy migrations
 
+	fdb fdbClock // orders announcements and startup list reads
+
 	wg sync.WaitGroup // background goroutines
 }
 
@@ -177,6 +179,7 @@ func (a *Agent) syncPeers(ctx context.Context) {
 	}
 	for len(pending) > 0 {
 		for n, c := range pending {
+			asked := time.Now()
 			rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			eps, err := c.Endpoints(rctx)
 			cancel()
@@ -184,7 +187,7 @@ func (a *Agent) syncPeers(ctx context.Context) {
 				continue
 			}
 			for _, e := range eps {
-				if err := a.learn(e); err != nil {
+				if err := a.learnListed(e, asked); err != nil {
 					a.log.Warn("learn endpoint", "peer", n, "endpoint", e.Name, "err", err)
 				}
 			}
@@ -198,16 +201,47 @@ func (a *Agent) syncPeers(ctx context.Context) {
 	}
 }
 
-// learn records where an endpoint lives.
+// learn records where an announced endpoint lives.
 func (a *Agent) learn(e api.Endpoint) error {
+	a.fdb.Lock()
+	defer a.fdb.Unlock()
+	mac, vtep, err := parseEndpoint(e)
+	if err != nil {
+		return err
+	}
+	a.fdb.announced(mac.String(), time.Now())
+	return a.setEndpoint(mac, vtep)
+}
+
+// learnListed records an endpoint read from a peer's list at asked,
+// unless an announcement about it was applied since (fdbClock).
+func (a *Agent) learnListed(e api.Endpoint, asked time.Time) error {
+	a.fdb.Lock()
+	defer a.fdb.Unlock()
+	mac, vtep, err := parseEndpoint(e)
+	if err != nil {
+		return err
+	}
+	if a.fdb.superseded(mac.String(), asked) {
+		a.log.Debug("stale endpoint list entry ignored", "endpoint", e.Name, "vtep", e.VTEP)
+		return nil
+	}
+	return a.setEndpoint(mac, vtep)
+}
+
+func parseEndpoint(e api.Endpoint) (net.HardwareAddr, netip.Addr, error) {
 	mac, err := net.ParseMAC(e.MAC)
 	if err != nil {
-		return fmt.Errorf("endpoint mac %q: %w", e.MAC, err)
+		return nil, netip.Addr{}, fmt.Errorf("endpoint mac %q: %w", e.MAC, err)
 	}
 	vtep, err := netip.ParseAddr(e.VTEP)
 	if err != nil {
-		return fmt.Errorf("endpoint vtep %q: %w", e.VTEP, err)
+		return nil, netip.Addr{}, fmt.Errorf("endpoint vtep %q: %w", e.VTEP, err)
 	}
+	return mac, vtep, nil
+}
+
+func (a *Agent) setEndpoint(mac net.HardwareAddr, vtep netip.Addr) error {
 	if vtep == a.cfg.VTEP {
 		return a.plane.DelRemote(mac)
 	}
@@ -261,6 +295,9 @@ func (a *Agent) forget(e api.Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("%w: endpoint mac %q", ErrInvalid, e.MAC)
 	}
+	a.fdb.Lock()
+	defer a.fdb.Unlock()
+	a.fdb.announced(mac.String(), time.Now())
 	remotes, err := a.plane.Remotes()
 	if err != nil {
 		return err

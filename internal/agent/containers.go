@@ -42,6 +42,11 @@ type meta struct {
 type container struct {
 	meta meta
 	log  *os.File // container output, appended by the runtime's copiers
+	// handedOver: a migration froze the service and its destination has
+	// taken the traffic; until the commit (or a rollback) the service is
+	// not listed as living here (Endpoints), or a peer reading the list
+	// then would point its FDB back here. Guarded by Agent.mu.
+	handedOver bool
 }
 
 var containerNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
@@ -402,7 +407,9 @@ func (a *Agent) Endpoints() []api.Endpoint {
 	defer a.mu.Unlock()
 	out := make([]api.Endpoint, 0, len(a.containers))
 	for _, c := range a.containers {
-		out = append(out, a.endpoint(c))
+		if !c.handedOver {
+			out = append(out, a.endpoint(c))
+		}
 	}
 	return out
 }

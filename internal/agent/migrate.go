@@ -177,7 +177,9 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	res.Started = time.Now().UTC()
 	tm.Freeze()
 	// The destination takes the service's traffic now and holds it.
+	a.setHandedOver(c, true)
 	if err := conn.WriteMsg(ctx, migration.MsgFrozen, struct{}{}); err != nil {
+		a.setHandedOver(c, false)
 		return res, fmt.Errorf("notify %s: %w", req.To, err)
 	}
 	// Freeze here, polling the cgroup closely (CRIU's own freezer waits
@@ -444,7 +446,11 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string) e
 // typically) learns from the endpoint list when it is back, so this is
 // not a failure.
 func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
+	a.setHandedOver(c, false)
 	mac, _ := net.ParseMAC(c.meta.MAC)
+	a.fdb.Lock()
+	a.fdb.announced(mac.String(), time.Now())
+	a.fdb.Unlock()
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "container", c.meta.Name, "err", err)
 	}
@@ -456,6 +462,14 @@ func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
 	if err := a.announce(actx, a.endpoint(c), false); err != nil {
 		a.log.Warn("announce after rollback", "container", c.meta.Name, "err", err)
 	}
+}
+
+// setHandedOver marks c as handed over to a migration's destination (or
+// back).
+func (a *Agent) setHandedOver(c *container, v bool) {
+	a.mu.Lock()
+	c.handedOver = v
+	a.mu.Unlock()
 }
 
 // releaseSource removes the migrated container's remains here (the runc
@@ -760,6 +774,9 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 func (a *Agent) takeTraffic(ctx context.Context, c *container) migration.Switched {
 	t0 := time.Now()
 	mac, _ := net.ParseMAC(c.meta.MAC)
+	a.fdb.Lock()
+	a.fdb.announced(mac.String(), t0)
+	a.fdb.Unlock()
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "err", err)
 	}

@@ -1,0 +1,43 @@
+package agent
+
+import (
+	"sync"
+	"time"
+)
+
+// fdbClock orders what the agent learns about where endpoints live. Peers
+// announce moves as they happen; syncPeers, at start, also reads every
+// peer's endpoint list, and an answer to that read can arrive after an
+// announcement that superseded it (a service migrating while a peer's
+// list was in flight). Applied then, it would point the FDB back at the
+// node the service just left, for good. So each announcement is stamped
+// with when it was applied here, and a list read that began before it
+// does not override it. The zero value is ready; it is safe for
+// concurrent use, and callers hold Lock while they check and apply.
+type fdbClock struct {
+	mu   sync.Mutex
+	last map[string]time.Time // by MAC: when an announcement was last applied
+}
+
+// Lock and Unlock bracket one check-and-apply.
+func (c *fdbClock) Lock()   { c.mu.Lock() }
+func (c *fdbClock) Unlock() { c.mu.Unlock() }
+
+// announced records that what is known about mac was set at t. The caller
+// holds the lock.
+func (c *fdbClock) announced(mac string, t time.Time) {
+	if c.last == nil {
+		c.last = map[string]time.Time{}
+	}
+	if t.After(c.last[mac]) {
+		c.last[mac] = t
+	}
+}
+
+// superseded reports whether an announcement about mac was applied after
+// since, making a list read begun at since stale for mac. The caller
+// holds the lock.
+func (c *fdbClock) superseded(mac string, since time.Time) bool {
+	t, ok := c.last[mac]
+	return ok && t.After(since)
+}
