@@ -301,11 +301,7 @@ func (a *Agent) writeMeta(m meta) error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(a.dir(m.Name), "meta.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(a.dir(m.Name), "meta.json"))
+	return linux.WriteFileAtomic(filepath.Join(a.dir(m.Name), "meta.json"), b, 0o644)
 }
 
 // destroy removes every trace of a container on this node; errors are

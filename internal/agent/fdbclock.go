@@ -34,6 +34,14 @@ func (c *fdbClock) announced(mac string, t time.Time) {
 	}
 }
 
+// stamp records, under the lock, that mac was set here at t (the agent
+// pointing its own FDB at a service it takes or takes back).
+func (c *fdbClock) stamp(mac string, t time.Time) {
+	c.Lock()
+	defer c.Unlock()
+	c.announced(mac, t)
+}
+
 // superseded reports whether an announcement about mac was applied after
 // since, making a list read begun at since stale for mac. The caller
 // holds the lock.

@@ -448,9 +448,7 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string) e
 func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
 	a.setHandedOver(c, false)
 	mac, _ := net.ParseMAC(c.meta.MAC)
-	a.fdb.Lock()
-	a.fdb.announced(mac.String(), time.Now())
-	a.fdb.Unlock()
+	a.fdb.stamp(mac.String(), time.Now())
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "container", c.meta.Name, "err", err)
 	}
@@ -732,22 +730,19 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	if herr != nil {
 		a.log.Warn("release held packets", "container", p.Name, "err", herr)
 	}
-	// The rule goes once the source has heard: it does not delay the
-	// service, and packets pass meanwhile.
+	// The rule goes once the source has heard (below): it does not delay
+	// the service, and packets pass meanwhile.
 	released := holder
 	holder = nil
-	stopHolding := func() {
-		if err := released.Close(); err != nil {
-			a.log.Warn("stop holding", "container", p.Name, "err", err)
-		}
-	}
 	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0)), NetworkMs: sw.NetworkMs, Held: held, RecvMs: recvMs}
 	if st, err := runc.ReadRestoreStats(work); err == nil {
 		r.CRIU = restoreStatsMap(st)
 	}
 	c.log = lf
 	err = conn.WriteMsg(ctx, migration.MsgRestored, r)
-	stopHolding()
+	if cerr := released.Close(); cerr != nil {
+		a.log.Warn("stop holding", "container", p.Name, "err", cerr)
+	}
 	if err != nil {
 		return a.decideAfterLoss(ctx, c, p.From, err, &committed)
 	}
@@ -774,9 +769,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 func (a *Agent) takeTraffic(ctx context.Context, c *container) migration.Switched {
 	t0 := time.Now()
 	mac, _ := net.ParseMAC(c.meta.MAC)
-	a.fdb.Lock()
-	a.fdb.announced(mac.String(), t0)
-	a.fdb.Unlock()
+	a.fdb.stamp(mac.String(), t0)
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "err", err)
 	}

@@ -19,6 +19,8 @@ import (
 	"path/filepath"
 	"regexp"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // File names inside a CA or node directory.
@@ -123,11 +125,11 @@ func NewCA(dir string) (*CA, error) {
 	}
 	// Key first: a crash in between leaves only the key, which NewCA reports
 	// as incomplete instead of pairing a certificate with a missing key.
-	if err := writeFileAtomic(keyPath, keyPEM, 0o600); err != nil {
+	if err := linux.WriteFileAtomic(keyPath, keyPEM, 0o600); err != nil {
 		return nil, err
 	}
 	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
-	if err := writeFileAtomic(certPath, certPEM, 0o644); err != nil {
+	if err := linux.WriteFileAtomic(certPath, certPEM, 0o644); err != nil {
 		return nil, err
 	}
 	return loadCA(certPath, keyPath)
@@ -203,13 +205,13 @@ func (ca *CA) Issue(dir, nodeName string, ips []net.IP) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("create node dir: %w", err)
 	}
-	if err := writeFileAtomic(filepath.Join(dir, NodeKeyFile), keyPEM, 0o600); err != nil {
+	if err := linux.WriteFileAtomic(filepath.Join(dir, NodeKeyFile), keyPEM, 0o600); err != nil {
 		return err
 	}
-	if err := writeFileAtomic(filepath.Join(dir, NodeCertFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := linux.WriteFileAtomic(filepath.Join(dir, NodeCertFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		return err
 	}
-	return writeFileAtomic(filepath.Join(dir, CACertFile), ca.certPEM, 0o644)
+	return linux.WriteFileAtomic(filepath.Join(dir, CACertFile), ca.certPEM, 0o644)
 }
 
 // ServerConfig returns a TLS 1.3 configuration for the agent in node
@@ -364,34 +366,6 @@ func exists(path string) (bool, error) {
 	default:
 		return false, err
 	}
-}
-
-// writeFileAtomic writes data to path through a temporary file in the same
-// directory, so readers see the old or the new content, never a mix. The
-// temporary file is created with perm, so a key is never world-readable.
-func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-")
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	tmp := f.Name()
-	err = f.Chmod(perm)
-	if err == nil {
-		_, err = f.Write(data)
-	}
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, path)
-	}
-	if err != nil {
-		return errors.Join(fmt.Errorf("write %s: %w", path, err), removeIfExists(tmp))
-	}
-	return nil
 }
 
 func removeIfExists(path string) error {

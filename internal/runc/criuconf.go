@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // CRIUConfigAnnotation is the bundle annotation naming the CRIU
@@ -36,11 +38,7 @@ func WriteCRIUConfig(path, content string) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
+	return linux.WriteFileAtomic(path, []byte(content), 0o644)
 }
 
 // kerndatCache is where CRIU (as root) keeps what it learnt about the
@@ -81,12 +79,7 @@ func (r *Runtime) WarmKerndat(ctx context.Context) (bool, error) {
 	if len(out) == 0 {
 		return false, errors.New("criu kerndat cache: criu check wrote none")
 	}
-	tmp := fmt.Sprintf("/run/.criu.kdat.edgehop-%d", os.Getpid())
-	if err := os.WriteFile(tmp, out, 0o600); err != nil {
-		return false, fmt.Errorf("criu kerndat cache: %w", err)
-	}
-	if err := os.Rename(tmp, kerndatCache); err != nil {
-		_ = os.Remove(tmp)
+	if err := linux.WriteFileAtomic(kerndatCache, out, 0o600); err != nil {
 		return false, fmt.Errorf("criu kerndat cache: %w", err)
 	}
 	return true, nil

@@ -102,11 +102,7 @@ func startProc(p Proc) error {
 	}
 	// Reaped by reapAll, never by cmd.Wait. The file appears whole:
 	// readers take an empty or partial one for a dead process.
-	tmp := p.PIDFile + ".tmp"
-	if err := os.WriteFile(tmp, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, p.PIDFile)
+	return linux.WriteFileAtomic(p.PIDFile, []byte(strconv.Itoa(cmd.Process.Pid)), 0o644)
 }
 
 // reapAll collects every exited child (direct or adopted).

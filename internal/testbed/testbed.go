@@ -100,11 +100,7 @@ func (st *State) save() error {
 	if err != nil {
 		return err
 	}
-	tmp := filepath.Join(st.Dir, "testbed.json.tmp")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, filepath.Join(st.Dir, "testbed.json"))
+	return linux.WriteFileAtomic(filepath.Join(st.Dir, "testbed.json"), b, 0o644)
 }
 
 // Node returns the node member called name.
