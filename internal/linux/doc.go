@@ -1,6 +1,7 @@
 // Package linux owns edgehop's direct use of Linux syscalls: network
 // namespaces (create, bind, enter, delete), netlink handles bound to a
-// namespace, process discovery by namespace, and mount helpers.
+// namespace, process discovery by namespace, mount helpers, the cgroup
+// freezer, and atomic file writes.
 //
 // Every other package reaches the kernel through this one (or through
 // netlink handles it returns), so thread/namespace pinning rules live in one
