@@ -39,7 +39,8 @@ type Agent struct {
 
 	imgMu sync.Mutex // serialises image unpacking
 
-	pages pageServers // lazy page servers of outgoing post-copy migrations
+	pages     pageServers // lazy page servers of outgoing post-copy migrations
+	pagePorts pagePorts   // loopback ports for CRIU's page server
 
 	fdb fdbClock // orders announcements and startup list reads
 

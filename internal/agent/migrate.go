@@ -112,7 +112,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		// reaches it only through an authenticated tunnel with this token.
 		// Hybrid: the tunnel reaches a proxy in front of it instead, which
 		// sends only the pages the live rounds did not leave there.
-		if criuPages, err = freeLoopbackPort(); err != nil {
+		if criuPages, err = a.pagePorts.pick(); err != nil {
 			return res, fmt.Errorf("page server port: %w", err)
 		}
 		prep.PageServer = criuPages

@@ -80,19 +80,6 @@ func (p *pageServers) check(r transfer.TunnelRequest) error {
 	return nil
 }
 
-// freeLoopbackPort picks a free TCP port on 127.0.0.1 of this namespace.
-func freeLoopbackPort() (string, error) {
-	var lc net.ListenConfig
-	lc.SetMultipathTCP(false)
-	l, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	addr := l.Addr().String()
-	l.Close()
-	return addr, nil
-}
-
 // serveTunnel answers a destination's tunnel to one of our page servers.
 func (a *Agent) serveTunnel(ctx context.Context, conn *transfer.Conn, body json.RawMessage) error {
 	st, err := conn.ServeTunnel(ctx, body, a.pages.check)
