@@ -322,6 +322,9 @@ func (a *Agent) warmCRIU(ctx context.Context) {
 	if err := a.rt.CheckLazyPages(ctx); err != nil {
 		a.log.Info("post-copy unavailable", "err", err)
 	}
+	for _, h := range runc.FrozenWindowHints() {
+		a.log.Warn("host setting lengthens migrations", "hint", h)
+	}
 	if wrote, err := a.rt.WarmKerndat(ctx); err != nil {
 		a.log.Warn("criu kerndat cache", "err", err)
 	} else if wrote {

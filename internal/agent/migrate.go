@@ -69,6 +69,13 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		return res, err
 	}
 	defer a.release(name)
+	if st, err := a.rt.State(ctx, name); err != nil || st.Status != runc.StatusRunning {
+		status := string(st.Status)
+		if err != nil {
+			status = "gone"
+		}
+		return res, fmt.Errorf("%w: %s is not running on %s (status %s), so there is nothing to migrate; see 'edgehop logs %s'", ErrInvalid, name, a.cfg.Node, status, name)
+	}
 	if err := a.checkDumpable(ctx, name); err != nil {
 		return res, err
 	}

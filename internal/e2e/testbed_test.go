@@ -26,9 +26,10 @@ type status struct {
 }
 
 type ctr struct {
-	Name string `json:"name"`
-	Node string `json:"node"`
-	IP   string `json:"ip"`
+	Name   string `json:"name"`
+	Node   string `json:"node"`
+	IP     string `json:"ip"`
+	Status string `json:"status"`
 }
 
 // probeExchange dials addr from inside the namespace nsName, sends lines and
@@ -168,7 +169,7 @@ func assertNothingLeft(t *testing.T, e *env, st status) {
 // non-zero exit, with nothing half-created.
 func TestBadInput(t *testing.T) {
 	e := newEnv(t)
-	e.up("--nodes", "1", "--clients", "0")
+	e.up("--nodes", "2", "--clients", "0")
 	cases := []struct {
 		args []string
 		want string
@@ -182,6 +183,7 @@ func TestBadInput(t *testing.T) {
 		{[]string{"testbed", "up", "--nodes", "1"}, "already up"},
 		{[]string{"ps", "--testbed", "nosuch"}, "not found"},
 		{[]string{"nosuchcommand"}, "unknown command"},
+		{[]string{"migrate", "ghost", "--to", "node1"}, "no container"},
 	}
 	for _, tc := range cases {
 		out, errs, err := e.run(tc.args...)
@@ -200,7 +202,39 @@ func TestBadInput(t *testing.T) {
 			t.Errorf("edgehop %v: stack trace: %s", tc.args, errs)
 		}
 	}
-	// Nothing half-created on the node.
+	// A service whose process has exited is refused before anything is
+	// frozen or prepared, with the reason and where to look.
+	e.must("run", "--node", "node0", "--name", "dead", "--image", "probe", "--", "not-a-port")
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var cs []ctr
+		e.mustJSON(&cs, "ps", "--json")
+		if len(cs) == 1 && cs[0].Status != "running" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("probe with a bad port still running: %+v", cs)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"migrate", "dead", "--to", "node1"}, "dead is not running on node0"},
+		{[]string{"migrate", "dead", "--to", "nodeX"}, "unknown destination node"},
+	} {
+		_, errs, err := e.run(tc.args...)
+		if err == nil || !strings.Contains(errs, tc.want) {
+			t.Errorf("edgehop %v: err %v, stderr %q; want it to mention %q", tc.args, err, errs, tc.want)
+		}
+	}
+	e.must("rm", "dead")
+	// Nothing half-created on the nodes.
+	ents1, _ := os.ReadDir(filepath.Join(e.root, "testbeds", e.name, "nodes", "node1", "containers"))
+	if len(ents1) != 0 {
+		t.Errorf("container dirs left on the destination after refused migrations: %v", ents1)
+	}
 	ents, _ := os.ReadDir(filepath.Join(e.root, "testbeds", e.name, "nodes", "node0", "containers"))
 	if len(ents) != 0 {
 		t.Errorf("container dirs left after failed runs: %v", ents)
