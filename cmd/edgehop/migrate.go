@@ -75,9 +75,7 @@ func runMigrate(ctx context.Context, args []string) error {
 	if _, err := transfer.ParseCompression(*compress); err != nil {
 		return fmt.Errorf("%w: --compress: %v", errUsage, err)
 	}
-	src, _ := st.Node(node)
-	dst, _ := st.Node(*to)
-	linkBps := narrower(src.Link.RateBps, dst.Link.RateBps)
+	linkBps := st.PathRate(node, *to)
 	var plan *model.PlanResult
 	if migration.Strategy(*strategy) == migration.Auto {
 		p, err := planMigration(st, ctr, node, *to, *dirty, *maxDown, *maxTotal)
@@ -129,9 +127,7 @@ var implemented = []model.Strategy{model.Strategy(migration.StopAndCopy), model.
 // dest: state size from the container's memory, bandwidth from the
 // narrower of the two nodes' links.
 func planMigration(st *testbed.State, ctr api.Container, node, dest, dirty string, maxDown, maxTotal float64) (model.PlanResult, error) {
-	src, _ := st.Node(node)
-	dst, _ := st.Node(dest)
-	bw := float64(narrower(src.Link.RateBps, dst.Link.RateBps))
+	bw := float64(st.PathRate(node, dest))
 	if bw == 0 {
 		bw = math.Inf(1)
 	}

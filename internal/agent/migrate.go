@@ -141,6 +141,11 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if err := expect(ctx, conn, migration.MsgPrepared, nil); err != nil {
 		return res, fmt.Errorf("prepare on %s: %w", req.To, err)
 	}
+	if comp != transfer.CompressOff {
+		if err := conn.WarmCompression(); err != nil {
+			return res, err
+		}
+	}
 	tm.Mark(migration.PhasePrepare)
 
 	var pre *precopy.Source
@@ -311,6 +316,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		res.BytesOnWire += st1.WireBytes
 		res.StateBytes += st1.PayloadBytes
 		res.Compressed = st1.Compressed
+		res.CompressionNote = st1.AutoNote
 	}
 	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
 	var st2 transfer.Stats
@@ -346,6 +352,9 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		return rollback(fmt.Errorf("restore on %s: %w", req.To, err))
 	}
 	tm.Mark(migration.PhaseRestore)
+	dest := restored
+	dest.CRIU = nil // merged into res.CRIU below
+	res.Destination = &dest
 	tm.Add(migration.PhaseNetwork, restored.NetworkMs)
 	res.HeldPackets = restored.Held
 	for k, v := range restored.CRIU {
@@ -677,9 +686,11 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 		return fail(fmt.Errorf("receive writable layer: %w", err))
 	}
 	recvMs := migration.Ms(time.Since(tRecv))
+	tMount := time.Now()
 	if err := linux.MountOverlay(lower, upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
 		return fail(err)
 	}
+	mountMs := migration.Ms(time.Since(tMount))
 	lf, err := os.OpenFile(a.logPath(p.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return fail(err)
@@ -741,7 +752,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	// the service, and packets pass meanwhile.
 	released := holder
 	holder = nil
-	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0)), NetworkMs: sw.NetworkMs, Held: held, RecvMs: recvMs}
+	r := migration.Restored{RestoreMs: migration.Ms(time.Since(t0)), NetworkMs: sw.NetworkMs, Held: held, RecvMs: recvMs, MountMs: mountMs}
 	if st, err := runc.ReadRestoreStats(work); err == nil {
 		r.CRIU = restoreStatsMap(st)
 	}

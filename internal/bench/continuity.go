@@ -264,7 +264,7 @@ func (e *env) edgehopContinuity(ctx context.Context) (Side, error) {
 		}
 		r := Migration{Index: i, From: loc, To: to, start: time.Now()}
 		var res migration.Result
-		merr := e.agents[loc].Migrate(ctx, probeName, api.MigrateRequest{To: to, Strategy: string(e.cfg.Strategy)}, &res)
+		merr := e.agents[loc].Migrate(ctx, probeName, api.MigrateRequest{To: to, Strategy: string(e.cfg.Strategy), LinkBps: int64(e.st.PathRate(loc, to))}, &res)
 		r.end = time.Now()
 		if ctx.Err() != nil {
 			return side, ctx.Err()

@@ -173,7 +173,7 @@ func (e *env) arnabEdgehop(ctx context.Context, c arnabCase, strategy string, ro
 		return err
 	}
 	var res migration.Result
-	merr := e.agents[src].Migrate(ctx, name, api.MigrateRequest{To: dst, Strategy: strategy}, &res)
+	merr := e.agents[src].Migrate(ctx, name, api.MigrateRequest{To: dst, Strategy: strategy, LinkBps: int64(e.st.PathRate(src, dst))}, &res)
 	row.DowntimeMs, row.TotalMs, row.BytesOnWire = res.DowntimeMs, res.TotalMs, res.BytesOnWire
 	if merr != nil {
 		return merr

@@ -458,7 +458,7 @@ func (b *pamBed) migrate(ctx context.Context, s *pamService, strategy string, li
 	}
 	mctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 	var res migration.Result
-	merr := b.agents[s.node].Migrate(mctx, s.name, api.MigrateRequest{To: run.To, Strategy: strategy}, &res)
+	merr := b.agents[s.node].Migrate(mctx, s.name, api.MigrateRequest{To: run.To, Strategy: strategy, LinkBps: int64(run.LinkBps)}, &res)
 	cancel()
 	run.DowntimeMs, run.TotalMs = res.DowntimeMs, res.TotalMs
 	if merr != nil || !res.OK {

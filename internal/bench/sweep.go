@@ -89,7 +89,7 @@ func (e *env) sweepEdgehop(ctx context.Context, size int) (rows []SweepRow, err 
 		}
 		row := SweepRow{SizeMB: size, Path: "edgehop " + string(st), Available: true, Keys: keys, RedisUsedBytes: used}
 		var res migration.Result
-		merr := e.agents[loc].Migrate(ctx, name, api.MigrateRequest{To: to, Strategy: string(st)}, &res)
+		merr := e.agents[loc].Migrate(ctx, name, api.MigrateRequest{To: to, Strategy: string(st), LinkBps: int64(e.st.PathRate(loc, to))}, &res)
 		switch {
 		case ctx.Err() != nil:
 			return rows, ctx.Err()

@@ -132,9 +132,14 @@ type Result struct {
 	HeldPackets  int                `json:"held_packets"` // client packets held during the downtime and delivered after restore
 	StateBytes   int64              `json:"state_bytes"`  // payload: images + writable layer
 	Compressed   bool               `json:"compressed"`
-	CRIU         map[string]float64 `json:"criu,omitempty"`
-	Precopy      *Precopy           `json:"precopy,omitempty"`
-	Started      time.Time          `json:"started"`
+	// CompressionNote says why auto compression was on or off.
+	CompressionNote string             `json:"compression_note,omitempty"`
+	CRIU            map[string]float64 `json:"criu,omitempty"`
+	// Destination is the destination's own account of its part of the
+	// frozen window; nil when it never restored.
+	Destination *Restored `json:"destination,omitempty"`
+	Precopy     *Precopy  `json:"precopy,omitempty"`
+	Started     time.Time `json:"started"`
 }
 
 // Timer records consecutive phases. Not safe for concurrent use.
@@ -230,11 +235,12 @@ type Prepare struct {
 
 // Restored reports the destination's restore.
 type Restored struct {
-	RestoreMs float64            `json:"restore_ms"`
+	RestoreMs float64            `json:"restore_ms"`        // runc restore, CRIU's included
 	NetworkMs float64            `json:"network_ms"`        // the switch, done while the source dumped
 	Held      int                `json:"held"`              // packets held during the downtime and delivered
 	LazyMs    float64            `json:"lazy_ms,omitempty"` // post-copy: restore until the last page arrived
 	RecvMs    float64            `json:"recv_ms"`           // receiving images and layer
+	MountMs   float64            `json:"mount_ms"`          // the root filesystem's overlay
 	CRIU      map[string]float64 `json:"criu,omitempty"`
 }
 

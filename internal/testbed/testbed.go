@@ -113,6 +113,25 @@ func (st *State) Node(name string) (Member, bool) {
 	return Member{}, false
 }
 
+// PathRate is the bit rate of the path between two members through the
+// core: the narrower of their links, 0 when both are unshaped or a member
+// is unknown.
+func (st *State) PathRate(a, b string) uint64 {
+	ma, oka := st.Member(a)
+	mb, okb := st.Member(b)
+	if !oka || !okb {
+		return 0
+	}
+	ra, rb := ma.Link.RateBps, mb.Link.RateBps
+	switch {
+	case ra == 0:
+		return rb
+	case rb == 0, ra < rb:
+		return ra
+	}
+	return rb
+}
+
 // Member returns the node, client or core called name.
 func (st *State) Member(name string) (Member, bool) {
 	if name == "core" {

@@ -42,6 +42,9 @@ type autoState struct {
 	observed     bool
 	skip         int // chunks to send before the next probe while off
 	ratio, speed float64
+	// floor is the least compression speed to assume (Conn.WarmCompression
+	// measured it outside the busy moment); 0 when unknown.
+	floor float64
 }
 
 // wantProbe says whether to compress a chunk of n bytes: every chunk while
@@ -70,7 +73,7 @@ func (a *autoState) observe(raw, comp int, elapsed time.Duration) {
 		ratio = autoWeight*ratio + (1-autoWeight)*a.ratio
 		speed = autoWeight*speed + (1-autoWeight)*a.speed
 	}
-	a.ratio, a.speed, a.observed = ratio, speed, true
+	a.ratio, a.speed, a.observed = ratio, max(speed, a.floor), true
 	a.on = worthCompressing(a.speed, a.ratio, a.link)
 	if !a.on {
 		a.skip = autoReprobe

@@ -38,7 +38,10 @@ type Conn struct {
 	bw   *bufio.Writer
 	werr error // sticky: set when a send failed mid-frame
 	enc  *zstd.Encoder
-	hdr  [headerLen]byte
+	// encSpeed is enc's rate in raw bytes per second as WarmCompression
+	// measured it, 0 before; CompressAuto's floor for its speed estimate.
+	encSpeed float64
+	hdr      [headerLen]byte
 
 	rmu  sync.Mutex // guards everything below: the receive side
 	br   *bufio.Reader

@@ -690,3 +690,35 @@ func TestHeaderBounds(t *testing.T) {
 		t.Errorf("valid header refused: %v", err)
 	}
 }
+
+// A probe timed in a busy moment does not turn compression off when the
+// warm-up measured this CPU faster; the ratio still decides.
+func TestAutoSpeedFloor(t *testing.T) {
+	const MB = 1e6
+	a := autoState{link: 125 * MB, floor: 600 * MB}
+	a.observe(1<<20, (1<<20)/5, 20*time.Millisecond) // 52 MB/s seen, ratio 5
+	if !a.on {
+		t.Fatalf("with a 600 MB/s floor, ratio 5 on 1 Gbit/s: compression off (%s)", a.String())
+	}
+	b := autoState{link: 125 * MB, floor: 600 * MB}
+	b.observe(1<<20, 1<<20, time.Millisecond) // incompressible
+	if b.on {
+		t.Fatalf("incompressible data: compression on (%s)", b.String())
+	}
+	c := autoState{link: 125 * MB}
+	c.observe(1<<20, (1<<20)/5, 20*time.Millisecond)
+	if c.on {
+		t.Fatalf("no floor, 52 MB/s measured: compression on (%s)", c.String())
+	}
+}
+
+func TestWarmCompressionMeasures(t *testing.T) {
+	a, _ := tcpPair(t)
+	c := NewConn(a)
+	if err := c.WarmCompression(); err != nil {
+		t.Fatal(err)
+	}
+	if c.encSpeed <= 0 {
+		t.Fatalf("encSpeed = %v after WarmCompression", c.encSpeed)
+	}
+}
