@@ -72,7 +72,14 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := runc.WriteCRIUConfig(a.criuConfig(), runc.SkipNetworkLock); err != nil {
+	// The masked directories are bound on restore to an empty read-only
+	// tmpfs instead of going through CRIU's tar (runc.ExternalMasks).
+	if !linux.IsMountPoint(a.maskDir()) {
+		if err := linux.MountEmptyReadOnly(a.maskDir()); err != nil {
+			return fmt.Errorf("mask directory: %w", err)
+		}
+	}
+	if err := runc.WriteCRIUConfig(a.criuConfig(), runc.SkipNetworkLock+runc.ExternalMasks(a.maskDir())); err != nil {
 		return fmt.Errorf("criu config: %w", err)
 	}
 	if a.cfg.Role == RoleNode {

@@ -293,8 +293,12 @@ func (a *Agent) runcSpec(m meta) runc.Spec {
 }
 
 // criuConfig is the CRIU configuration file of this node's containers
-// (written at start: runc.SkipNetworkLock).
+// (written at start: runc.SkipNetworkLock and runc.ExternalMasks).
 func (a *Agent) criuConfig() string { return filepath.Join(a.cfg.StateDir, "criu.conf") }
+
+// maskDir is the empty read-only directory masked paths are bound to after
+// a restore (runc.ExternalMasks).
+func (a *Agent) maskDir() string { return filepath.Join(a.cfg.StateDir, "mask") }
 
 func (a *Agent) writeMeta(m meta) error {
 	b, err := json.MarshalIndent(m, "", "  ")

@@ -8,6 +8,8 @@ import (
 	"hash/crc32"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -15,6 +17,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/runc"
 )
 
 // nsDialer opens connections from inside a network namespace.
@@ -215,6 +218,32 @@ func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 	want := st.Nodes[n%3].Name
 	if len(ps) != 1 || ps[0].Node != want || ps[0].IP != c.IP {
 		t.Fatalf("after %d migrations ps = %+v, want p on %s with IP %s", n, ps, want, c.IP)
+	}
+	checkMasks(t, ps[0].Pid)
+}
+
+// checkMasks checks that the container whose init is pid still sees its
+// masked directories empty and cannot write into them (they travel as
+// external mounts, runc.ExternalMasks).
+func checkMasks(t *testing.T, pid int) {
+	t.Helper()
+	checked := 0
+	for _, d := range runc.MaskedDirs {
+		if _, err := os.Stat(d); err != nil {
+			continue // not on this host: runc masks nothing there
+		}
+		in := fmt.Sprintf("/proc/%d/root%s", pid, d)
+		ents, err := os.ReadDir(in)
+		if err != nil || len(ents) != 0 {
+			t.Errorf("masked %s: entries %d, err %v; want empty", d, len(ents), err)
+		}
+		if err := os.WriteFile(filepath.Join(in, "edgehop-probe"), nil, 0o644); err == nil {
+			t.Errorf("masked %s: writable from the container's root", d)
+		}
+		checked++
+	}
+	if checked == 0 {
+		t.Errorf("none of the masked directories %v exists on this host", runc.MaskedDirs)
 	}
 }
 

@@ -30,6 +30,7 @@ type ctr struct {
 	Node   string `json:"node"`
 	IP     string `json:"ip"`
 	Status string `json:"status"`
+	Pid    int    `json:"pid"`
 }
 
 // probeExchange dials addr from inside the namespace nsName, sends lines and

@@ -36,6 +36,21 @@ func IsMountPoint(path string) bool {
 	return false
 }
 
+// MountEmptyReadOnly mounts an empty tmpfs at target (created if
+// missing) whose superblock is read-only: nothing can ever be written
+// through it or through any bind mount of it, whatever that bind's own
+// flags.
+func MountEmptyReadOnly(target string) error {
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return err
+	}
+	flags := uintptr(unix.MS_RDONLY | unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC)
+	if err := unix.Mount("tmpfs", target, "tmpfs", flags, "size=4k,mode=0555"); err != nil {
+		return fmt.Errorf("mount read-only tmpfs at %s: %w", target, err)
+	}
+	return nil
+}
+
 // MountTmpfs mounts a tmpfs at target (created if missing), limited to
 // sizeMB megabytes (0: the kernel's default, half of memory).
 func MountTmpfs(target string, sizeMB int) error {

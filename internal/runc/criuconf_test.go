@@ -2,6 +2,7 @@ package runc_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,3 +87,15 @@ func runCRIU(r *runc.Runtime, args ...string) ([]byte, error) {
 }
 
 func containsLine(s, sub string) bool { return strings.Contains(s, sub) }
+
+func TestExternalMasks(t *testing.T) {
+	got := runc.ExternalMasks("/state/mask")
+	for i, d := range runc.MaskedDirs {
+		key := fmt.Sprintf("edgehop-mask%d", i)
+		for _, line := range []string{"external mnt[" + d + "]:" + key, "external mnt[" + key + "]:/state/mask"} {
+			if !strings.Contains(got, line+"\n") {
+				t.Errorf("ExternalMasks lacks %q:\n%s", line, got)
+			}
+		}
+	}
+}

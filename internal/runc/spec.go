@@ -151,11 +151,7 @@ func (s Spec) Config() (*specs.Spec, error) {
 				{Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace},
 			},
-			MaskedPaths: []string{
-				"/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys",
-				"/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats",
-				"/proc/sched_debug", "/sys/firmware", "/proc/scsi",
-			},
+			MaskedPaths: append(append([]string(nil), MaskedDirs...), MaskedFiles...),
 			ReadonlyPaths: []string{
 				"/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger",
 			},
