@@ -138,8 +138,12 @@ type Stats struct {
 	// Chunks counts data frames, of which CompressedChunks went compressed
 	// and ZeroChunks were all zeros and went as a length only.
 	Chunks, CompressedChunks, ZeroChunks int64
+	// CompressedBytes is the raw size of the chunks that went compressed.
+	CompressedBytes int64
 	// Compression is the mode the sender asked for; Compressed says
-	// whether any chunk was actually sent compressed.
+	// whether most of the non-zero payload went compressed (auto
+	// compresses a probe chunk now and then even when it leaves
+	// compression off; that is not a compressed stream).
 	Compression Compression
 	Compressed  bool
 	// AutoNote explains the last CompressAuto decision (sender only).

@@ -139,6 +139,7 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 	}
 
 	digest := newContentDigest()
+	var zeroBytes int64 // raw bytes of chunks that came as zeros
 	for {
 		h, payload, err := c.readFrameLocked(false)
 		if err != nil {
@@ -179,6 +180,7 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 			}
 			if h.flags&flagZero != 0 {
 				st.ZeroChunks++
+				zeroBytes += int64(h.rawLen)
 				digest.zeros(int(h.rawLen))
 				err = s.zeros(int(h.rawLen))
 			} else {
@@ -186,7 +188,7 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 				if data, err = c.decodeLocked(h, payload); err == nil {
 					if h.flags&flagZstd != 0 {
 						st.CompressedChunks++
-						st.Compressed = true
+						st.CompressedBytes += int64(h.rawLen)
 					}
 					digest.data(data)
 					err = s.write(data)
@@ -197,6 +199,7 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 			}
 
 		case kindEnd:
+			st.Compressed = 2*st.CompressedBytes > st.PayloadBytes-zeroBytes // as the sender counts
 			var got summary
 			if err := json.Unmarshal(payload, &got); err != nil {
 				return hdr, st, c.failReadLocked(ctx, fmt.Errorf("%w: summary: %v", ErrCorrupt, err))

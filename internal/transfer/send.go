@@ -276,16 +276,17 @@ type chunkBuf struct {
 // own goroutine. Its fields are owned by that goroutine until sendStream's
 // wg.Wait, except pool, which both sides use.
 type producer struct {
-	ctx    context.Context
-	out    chan<- item
-	pool   chan *chunkBuf
-	nbufs  int // buffers allocated so far, at most cap(pool)
-	chunk  int
-	mode   Compression
-	enc    *zstd.Encoder
-	auto   autoState
-	digest contentDigest
-	st     Stats // counts and compression fields only
+	ctx       context.Context
+	out       chan<- item
+	pool      chan *chunkBuf
+	nbufs     int // buffers allocated so far, at most cap(pool)
+	chunk     int
+	mode      Compression
+	enc       *zstd.Encoder
+	auto      autoState
+	digest    contentDigest
+	st        Stats // counts and compression fields only
+	zeroBytes int64 // raw bytes of the chunks sent as zeros
 }
 
 func newProducer(ctx context.Context, out chan<- item, opts SendOptions, enc *zstd.Encoder) *producer {
@@ -308,7 +309,8 @@ func (p *producer) fill(st *Stats) {
 	st.Specials, st.Hardlinks = p.st.Specials, p.st.Hardlinks
 	st.PayloadBytes = p.st.PayloadBytes
 	st.Chunks, st.CompressedChunks, st.ZeroChunks = p.st.Chunks, p.st.CompressedChunks, p.st.ZeroChunks
-	st.Compressed = p.st.CompressedChunks > 0
+	st.CompressedBytes = p.st.CompressedBytes
+	st.Compressed = 2*p.st.CompressedBytes > p.st.PayloadBytes-p.zeroBytes
 	if p.mode == CompressAuto {
 		st.AutoNote = p.auto.String()
 	}
@@ -511,6 +513,7 @@ func (p *producer) sendChunk(b *chunkBuf, n int) error {
 	p.st.PayloadBytes += int64(n)
 	if isZero(data) {
 		p.st.ZeroChunks++
+		p.zeroBytes += int64(n)
 		p.digest.zeros(n)
 		putHeader(b.raw, kindData, flagZero, nil, n)
 		return p.send(item{frame: b.raw[:headerLen], buf: b})
@@ -518,6 +521,7 @@ func (p *producer) sendChunk(b *chunkBuf, n int) error {
 	p.digest.data(data)
 	if payload, ok := p.compress(data, b); ok {
 		p.st.CompressedChunks++
+		p.st.CompressedBytes += int64(n)
 		frame := b.comp[:headerLen+len(payload)]
 		putHeader(frame, kindData, flagZstd, payload, n)
 		return p.send(item{frame: frame, buf: b})
