@@ -545,7 +545,9 @@ func fitGroup(pair, strategy string, samples []Sample, base Params, baseName str
 	}
 	if r, ok := f.fit("lazy", "edgehop lazy pull: lazy − network = fixed + lazy_per_byte·pulled + install_per_byte·local + fault·min(R·T_lazy, pages)", "phases.lazy − network (ms)",
 		[]string{"lazy_bytes", "local_bytes (hybrid)", "faulted_pages"}, "linear",
-		collectSized(lazyY, lazyX, uncompressed, phaseSize(PhaseLazy)), p.LazyFixedMs, p.LazyMsPerByte, p.LocalInstallMsPerByte, p.LazyFaultMsPerPage); ok {
+		// Every sample: compression applies to the image streams, never to
+		// the pages CRIU's page server sends through the tunnel.
+		collectSized(lazyY, lazyX, nil, phaseSize(PhaseLazy)), p.LazyFixedMs, p.LazyMsPerByte, p.LocalInstallMsPerByte, p.LazyFaultMsPerPage); ok {
 		p.LazyFixedMs = math.Max(0, r.intercept)
 		p.LazyMsPerByte = math.Max(0, r.slopes[0])
 		p.LocalInstallMsPerByte = math.Max(0, r.slopes[1])

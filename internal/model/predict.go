@@ -304,7 +304,11 @@ func (p Params) predictEdgehop(s Strategy, in Inputs) Prediction {
 			remotePages, localPages = dirty, statePages-dirty
 		}
 		raw := p.Tau1 * remotePages * sigma
-		ms, wire := e.xfer(raw)
+		// The page server's stream is never compressed, whatever the
+		// image streams were.
+		plain := edgehopRun{p: p, in: in, rho: p.Rho}
+		plain.in.Compressed = false
+		ms, wire := plain.xfer(raw)
 		pull := p.LazyFixedMs + ms + p.LazyMsPerByte*remotePages*sigma + p.LocalInstallMsPerByte*localPages*sigma
 		lazy := p.lazyWithFaults(pull, in.DirtyRate, remotePages)
 		pr.add("lazy", lazy, false)
