@@ -91,6 +91,25 @@ func (a *Agent) claim(name string, mustExist bool) (*container, error) {
 	return c, nil
 }
 
+// claimWhenFree is claim(name, true) that waits up to wait while another
+// operation holds the container: an incoming post-copy migration keeps it
+// until CRIU's lazy-pages daemon exits, which can be a little after the
+// source, and so the CLI, reported the migration done.
+func (a *Agent) claimWhenFree(ctx context.Context, name string, wait time.Duration) (*container, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		c, err := a.claim(name, true)
+		if err == nil || !errors.Is(err, ErrConflict) || time.Now().After(deadline) {
+			return c, err
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 func (a *Agent) release(name string) {
 	a.mu.Lock()
 	delete(a.busy, name)

@@ -64,7 +64,7 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	if err != nil {
 		return res, err
 	}
-	c, err := a.claim(name, true)
+	c, err := a.claimWhenFree(ctx, name, 5*time.Second)
 	if err != nil {
 		return res, err
 	}
@@ -722,6 +722,11 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 				lf.Close()
 				return fail(fmt.Errorf("page proxy: %w", err))
 			}
+		} else if runs, err := precopy.LazyRuns(imgDir); err != nil {
+			a.log.Warn("post-copy: no prefetch (lazy runs unreadable)", "container", p.Name, "err", err)
+		} else if pageServer, err = a.servePrefetch(tctx, p.Name, tun.Addr().String(), runs); err != nil {
+			lf.Close()
+			return fail(fmt.Errorf("page proxy: %w", err))
 		}
 		if pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: imgDir, WorkPath: work, PageServer: pageServer}); err != nil {
 			lf.Close()

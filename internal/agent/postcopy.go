@@ -110,24 +110,56 @@ func (a *Agent) tunnelDialer(from string) (func(context.Context) (*transfer.Conn
 // a page tunnel request.
 func isTunnel(typ string) bool { return typ == transfer.MsgTunnel }
 
-// serveLazyFromStore starts, until ctx ends, the destination's page proxy
-// of a hybrid migration in front of the tunnel at tunnelAddr, and returns
-// the address the lazy-pages daemon should use.
-func (a *Agent) serveLazyFromStore(ctx context.Context, tunnelAddr string, store *precopy.Store) (string, error) {
+// lazyProxy listens on loopback for CRIU's lazy-pages daemon and returns
+// the listener and how a proxy reaches the tunnel at tunnelAddr.
+func lazyProxy(ctx context.Context, tunnelAddr string) (net.Listener, func(context.Context) (net.Conn, error), error) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
 	l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
-		return "", err
+		return nil, nil, err
 	}
-	upstream := func(ctx context.Context) (net.Conn, error) {
+	return l, func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", tunnelAddr)
+	}, nil
+}
+
+// serveLazyFromStore starts, until ctx ends, the destination's page proxy
+// of a hybrid migration in front of the tunnel at tunnelAddr, and returns
+// the address the lazy-pages daemon should use.
+func (a *Agent) serveLazyFromStore(ctx context.Context, tunnelAddr string, store *precopy.Store) (string, error) {
+	l, upstream, err := lazyProxy(ctx, tunnelAddr)
+	if err != nil {
+		return "", err
 	}
 	go func() {
 		var st lazyproxy.Stats
 		_ = lazyproxy.ServeDest(ctx, l, upstream, pageReader{store}, &st, a.log)
 		a.log.Info("hybrid: lazy pages", "from_store", st.HeldPages.Load(), "over_network", st.DataPages.Load())
+	}()
+	return l.Addr().String(), nil
+}
+
+// servePrefetch starts, until ctx ends, the destination's page proxy of
+// a post-copy migration in front of the tunnel at tunnelAddr: it pulls the
+// dump's lazy runs ahead of CRIU's lazy-pages daemon
+// (lazyproxy.ServePrefetch). It returns the address the daemon should use.
+func (a *Agent) servePrefetch(ctx context.Context, name, tunnelAddr string, runs []precopy.LazyRun) (string, error) {
+	l, upstream, err := lazyProxy(ctx, tunnelAddr)
+	if err != nil {
+		return "", err
+	}
+	ranges := make([]lazyproxy.Range, len(runs))
+	for i, r := range runs {
+		ranges[i] = lazyproxy.Range{PID: r.PID, Addr: r.Addr, Pages: r.Pages}
+	}
+	go func() {
+		var st lazyproxy.Stats
+		if err := lazyproxy.ServePrefetch(ctx, l, upstream, ranges, &st, a.log); err != nil && ctx.Err() == nil {
+			a.log.Warn("post-copy page proxy", "container", name, "err", err)
+		}
+		a.log.Info("post-copy: lazy pages", "container", name, "prefetched_served", st.HeldPages.Load(), "over_network", st.DataPages.Load())
 	}()
 	return l.Addr().String(), nil
 }

@@ -170,6 +170,7 @@ func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bu
 			}
 			pending <- h
 			if h.op() != cmdGet {
+				halfClose(up)
 				reqErr <- nil
 				return
 			}
@@ -213,6 +214,18 @@ func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bu
 		return err
 	}
 	return <-reqErr
+}
+
+// halfClose ends c's sending side after a CLOSE. CRIU's lazy page server
+// corks its socket: its 4-byte answer to CLOSE waits up to 200 ms in the
+// kernel, and only then does the daemon close, which the server waits for
+// before its dump can end. Seeing end of file right away, the server
+// closes at once, which sends the answer too (measured: the source was
+// free about 0.4 s later without this).
+func halfClose(c net.Conn) {
+	if cw, ok := c.(interface{ CloseWrite() error }); ok {
+		_ = cw.CloseWrite()
+	}
 }
 
 // encodePages reads h.nr pages from CRIU and writes each flagged.

@@ -17,6 +17,21 @@ import (
 // CLOSE with status 0. It is the seam CRIU sits behind in production.
 func fakePageServer(t *testing.T, l net.Listener, limit uint64) {
 	t.Helper()
+	servePages(l, func(h header) []byte {
+		n := min(h.nr, limit)
+		reply := encodeHeader(6|1<<16, n, h.vaddr, h.dstID)
+		for i := uint64(0); i < n; i++ {
+			reply = append(reply, content(uint32(h.dstID), h.vaddr+i*pageSize)...)
+		}
+		return reply
+	}, nil)
+}
+
+// servePages runs a fake page server on l: get builds the reply to each
+// GET (nil ends the connection, as CRIU does on a request it cannot
+// serve); any other command is answered with status 0 and ends the
+// connection, after onClose when given.
+func servePages(l net.Listener, get func(header) []byte, onClose func()) {
 	go func() {
 		for {
 			c, err := l.Accept()
@@ -33,13 +48,15 @@ func fakePageServer(t *testing.T, l net.Listener, limit uint64) {
 					var h header
 					h.decode(b)
 					if h.op() != cmdGet {
+						if onClose != nil {
+							onClose()
+						}
 						_, _ = c.Write([]byte{0, 0, 0, 0})
 						return
 					}
-					n := min(h.nr, limit)
-					reply := encodeHeader(6|1<<16, n, h.vaddr, h.dstID)
-					for i := uint64(0); i < n; i++ {
-						reply = append(reply, content(uint32(h.dstID), h.vaddr+i*pageSize)...)
+					reply := get(h)
+					if reply == nil {
+						return
 					}
 					if _, err := c.Write(reply); err != nil {
 						return

@@ -22,6 +22,7 @@ const (
 // Pagemap entry flags (criu/include/pagemap.h).
 const (
 	peParent  = 1 << 0
+	peLazy    = 1 << 1
 	pePresent = 1 << 2
 )
 
@@ -66,6 +67,13 @@ type pagemap struct {
 // generated type knows only field 2. Only entries whose pages are in the
 // pages image (PE_PRESENT) are kept; pid is the owner of the addresses.
 func readPagemap(path string, pid uint32) (pagemap, error) {
+	return readPagemapWhere(path, pid, func(flags uint64, hasFlags, inParent bool) bool {
+		return flags&pePresent != 0 || (!hasFlags && !inParent)
+	})
+}
+
+// readPagemapWhere is readPagemap keeping the entries keep accepts.
+func readPagemapWhere(path string, pid uint32, keep func(flags uint64, hasFlags, inParent bool) bool) (pagemap, error) {
 	var pm pagemap
 	buf, err := os.ReadFile(path)
 	if err != nil {
@@ -100,8 +108,7 @@ func readPagemap(path string, pid uint32) (pagemap, error) {
 		}
 		flags, inParent := fields[4], fields[3] != 0
 		_, hasFlags := fields[4]
-		present := flags&pePresent != 0 || (!hasFlags && !inParent)
-		if !present || nr == 0 {
+		if !keep(flags, hasFlags, inParent) || nr == 0 {
 			continue
 		}
 		if addr%PageSize != 0 {
@@ -216,4 +223,43 @@ func readImages(dir string, warn func(msg string, args ...any)) ([]pagesImage, e
 		im.runs = pm.runs
 	}
 	return images, nil
+}
+
+// LazyRun is a run of pages a lazy dump left on the source's page server:
+// count pages of process pid (in the container's pid namespace) from addr.
+type LazyRun struct {
+	PID   uint32
+	Addr  uint64
+	Pages uint64
+}
+
+// LazyRuns reads a lazy dump's pagemaps in dir and returns the runs of
+// pages CRIU's page server holds (PE_LAZY entries without PE_PRESENT),
+// adjacent entries joined.
+func LazyRuns(dir string) ([]LazyRun, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var out []LazyRun
+	for _, e := range ents {
+		m := pagemapImageRE.FindStringSubmatch(e.Name())
+		if m == nil || m[1] != "" {
+			continue // not a pagemap, or shared memory's (never lazy)
+		}
+		n, err := strconv.ParseUint(m[2], 10, 32)
+		if err != nil || n == 0 {
+			return nil, fmt.Errorf("%s: bad pid", e.Name())
+		}
+		pm, err := readPagemapWhere(filepath.Join(dir, e.Name()), uint32(n), func(flags uint64, hasFlags, _ bool) bool {
+			return hasFlags && flags&peLazy != 0 && flags&pePresent == 0
+		})
+		if err != nil {
+			return nil, err
+		}
+		for _, r := range pm.runs {
+			out = append(out, LazyRun{PID: r.pid, Addr: r.addr, Pages: r.count})
+		}
+	}
+	return out, nil
 }

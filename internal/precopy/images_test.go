@@ -1,6 +1,7 @@
 package precopy
 
 import (
+	"cmp"
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -132,5 +133,28 @@ func TestReadImagesRejects(t *testing.T) {
 				t.Fatal("accepted")
 			}
 		})
+	}
+}
+
+func TestLazyRuns(t *testing.T) {
+	dir := t.TempDir()
+	const a = 0x7f0000000000
+	writePagemap(t, filepath.Join(dir, "pagemap-1.img"), 1, []pmEntry{
+		{addr: a, pages: 2, flags: pePresent},                        // in the image
+		{addr: a + 4*PageSize, pages: 3, flags: peLazy},              // lazy
+		{addr: a + 7*PageSize, pages: 2, flags: peLazy},              // adjacent: joined
+		{addr: a + 20*PageSize, pages: 1, flags: peLazy | pePresent}, // lazy but in the image
+		{addr: a + 30*PageSize, pages: 4, old: true, noFlags: true},
+	})
+	writePagemap(t, filepath.Join(dir, "pagemap-shmem-77.img"), 2, []pmEntry{{addr: 0, pages: 2, flags: peLazy}})
+	writePagemap(t, filepath.Join(dir, "pagemap-9.img"), 3, []pmEntry{{addr: a, pages: 1, flags: peLazy}})
+	runs, err := LazyRuns(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slices.SortFunc(runs, func(x, y LazyRun) int { return cmp.Compare(x.PID, y.PID) })
+	want := []LazyRun{{PID: 1, Addr: a + 4*PageSize, Pages: 5}, {PID: 9, Addr: a, Pages: 1}}
+	if !slices.Equal(runs, want) {
+		t.Fatalf("LazyRuns = %+v, want %+v", runs, want)
 	}
 }

@@ -1,0 +1,202 @@
+package lazyproxy
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// strictPageServer is the seam CRIU's lazy page server sits behind, as
+// strict as it is: it serves only the pages in lazy, a reply ends where
+// the server's run of pages ends (every runPages pages), and a GET for a
+// page it does not hold ends the connection (CRIU answers it with an
+// error and gives up). bad counts such requests.
+func strictPageServer(t *testing.T, l net.Listener, lazy map[pageKey]bool, runPages uint64, bad *atomic.Int64, closed *atomic.Bool) {
+	t.Helper()
+	servePages(l, func(h header) []byte {
+		pid := uint32(h.dstID)
+		var n uint64
+		for n < h.nr && lazy[pageKey{pid, h.vaddr + n*pageSize}] {
+			n++
+			if (h.vaddr/pageSize+n)%runPages == 0 {
+				break
+			}
+		}
+		if n == 0 {
+			bad.Add(1)
+			return nil
+		}
+		reply := encodeHeader(replyCmd, n, h.vaddr, h.dstID)
+		for i := uint64(0); i < n; i++ {
+			reply = append(reply, content(pid, h.vaddr+i*pageSize)...)
+		}
+		return reply
+	}, func() { closed.Store(true) })
+}
+
+func startPrefetch(t *testing.T, ranges []Range) (string, *Stats, *atomic.Int64, *atomic.Bool) {
+	t.Helper()
+	lazy := map[pageKey]bool{}
+	for _, r := range ranges {
+		for i := uint64(0); i < r.Pages; i++ {
+			lazy[pageKey{r.PID, r.Addr + i*pageSize}] = true
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	criu, dst := listen(t), listen(t)
+	var bad atomic.Int64
+	var closed atomic.Bool
+	strictPageServer(t, criu, lazy, 64, &bad, &closed)
+	var st Stats
+	up := func(ctx context.Context) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "tcp", criu.Addr().String())
+	}
+	done := make(chan struct{})
+	go func() { _ = ServePrefetch(ctx, dst, up, ranges, &st, nil); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return dst.Addr().String(), &st, &bad, &closed
+}
+
+func readReply(t *testing.T, c net.Conn, pid uint32, vaddr, n uint64) uint64 {
+	t.Helper()
+	b := make([]byte, hdrSize)
+	if _, err := io.ReadFull(c, b); err != nil {
+		t.Fatal(err)
+	}
+	var h header
+	h.decode(b)
+	if h.nr == 0 || h.nr > n || h.vaddr != vaddr || h.dstID != uint64(pid) || h.cmd != replyCmd {
+		t.Fatalf("reply %+v to GET %d %#x+%d", h, pid, vaddr, n)
+	}
+	page := make([]byte, pageSize)
+	for i := uint64(0); i < h.nr; i++ {
+		if _, err := io.ReadFull(c, page); err != nil {
+			t.Fatal(err)
+		}
+		if a := vaddr + i*pageSize; !bytes.Equal(page, content(pid, a)) {
+			t.Fatalf("page %#x of %d differs", a, pid)
+		}
+	}
+	return h.nr
+}
+
+// TestPrefetchAnswersFromAhead: after the daemon's first request the
+// proxy pulls every lazy page, never asking the server for one it does not
+// hold, and answers the daemon's later requests (pipelined, some across
+// the server's runs) from what it pulled, in order and intact.
+func TestPrefetchAnswersFromAhead(t *testing.T) {
+	const a, b = 0x10000000, 0x20000000
+	ranges := []Range{{PID: 7, Addr: a, Pages: 300}, {PID: 9, Addr: b, Pages: 10}}
+	addr, st, bad, serverClosed := startPrefetch(t, ranges)
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(encodeHeader(cmdGet, 1, a+5*pageSize, 7)); err != nil {
+		t.Fatal(err)
+	}
+	readReply(t, c, 7, a+5*pageSize, 1)
+	deadline := time.Now().Add(5 * time.Second)
+	for st.DataPages.Load() < 1+310 && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	type req struct {
+		pid      uint32
+		vaddr, n uint64
+	}
+	var reqs []req
+	for p := uint64(0); p < 300; p += 20 {
+		reqs = append(reqs, req{7, a + p*pageSize, 20})
+	}
+	reqs = append(reqs, req{9, b, 10})
+	for _, r := range reqs {
+		if _, err := c.Write(encodeHeader(cmdGet, r.n, r.vaddr, uint64(r.pid))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, r := range reqs {
+		if got := readReply(t, c, r.pid, r.vaddr, r.n); got != r.n {
+			t.Fatalf("GET %d %#x+%d answered with %d pages; the cache holds them all", r.pid, r.vaddr, r.n, got)
+		}
+	}
+	// The daemon has every lazy page: the proxy ends the server's
+	// session without waiting for the daemon's CLOSE, and answers that
+	// CLOSE with the server's status.
+	for deadline := time.Now().Add(5 * time.Second); !serverClosed.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the page server got no CLOSE after the daemon had every page")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := c.Write(encodeHeader(cmdClose, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	status := make([]byte, 4)
+	if _, err := io.ReadFull(c, status); err != nil || binary.LittleEndian.Uint32(status) != 0 {
+		t.Fatalf("close status %v, %v", status, err)
+	}
+	if bad.Load() != 0 {
+		t.Fatalf("%d requests for pages the server does not hold", bad.Load())
+	}
+	if st.HeldPages.Load() != 310 {
+		t.Errorf("%d pages answered from the prefetch, want 310", st.HeldPages.Load())
+	}
+	if st.DataPages.Load() != 311 {
+		t.Errorf("%d pages crossed, want 311 (each once, plus the first request's)", st.DataPages.Load())
+	}
+}
+
+// TestPrefetchDaemonGoneWithoutClose: a daemon that disconnects without
+// CLOSE ends the connection's work; the proxy does not hang.
+func TestPrefetchDaemonGoneWithoutClose(t *testing.T) {
+	addr, _, _, _ := startPrefetch(t, []Range{{PID: 1, Addr: 0x1000000, Pages: 4096}})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(encodeHeader(cmdGet, 1, 0x1000000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	readReply(t, c, 1, 0x1000000, 1)
+	c.Close()
+	// t.Cleanup cancels and waits for ServePrefetch: a hang fails the
+	// test by its timeout.
+}
+
+// TestPrefetchCloseBeforeAllPages: a daemon that closes while pages are
+// still owed gets the server's own answer to its CLOSE.
+func TestPrefetchCloseBeforeAllPages(t *testing.T) {
+	addr, _, _, serverClosed := startPrefetch(t, []Range{{PID: 1, Addr: 0x1000000, Pages: 64}})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(encodeHeader(cmdGet, 1, 0x1000000, 1)); err != nil {
+		t.Fatal(err)
+	}
+	readReply(t, c, 1, 0x1000000, 1)
+	if serverClosed.Load() {
+		t.Fatal("session closed while the daemon still lacked pages")
+	}
+	if _, err := c.Write(encodeHeader(cmdClose, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	status := make([]byte, 4)
+	if _, err := io.ReadFull(c, status); err != nil || binary.LittleEndian.Uint32(status) != 0 {
+		t.Fatalf("close status %v, %v", status, err)
+	}
+	if !serverClosed.Load() {
+		t.Fatal("the daemon's CLOSE did not reach the server")
+	}
+}
