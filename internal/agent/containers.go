@@ -359,7 +359,7 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 
 // Remove stops and deletes a container and withdraws its endpoint.
 func (a *Agent) Remove(ctx context.Context, name string) error {
-	c, err := a.claim(name, true)
+	c, err := a.claimWhenFree(ctx, name, 5*time.Second)
 	if err != nil {
 		return err
 	}
