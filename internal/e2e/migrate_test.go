@@ -198,7 +198,7 @@ func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 			t.Fatalf("migration %d to %s: %+v", i, to, res)
 		}
 		if res.DowntimeMs <= 0 || res.BytesOnWire <= 0 || res.PhasesMs["dump"] <= 0 || res.PhasesMs["transfer"] <= 0 ||
-			(strategy == "post-copy" || strategy == "hybrid") != (res.PhasesMs["lazy"] > 0) ||
+			(strategy == "post-copy" || strategy == "hybrid") != hasPhase(res.PhasesMs, "lazy") ||
 			(strategy == "pre-copy" || strategy == "hybrid") != (res.PhasesMs["precopy"] > 0) {
 			t.Errorf("migration %d: implausible result %+v", i, res)
 		}
@@ -220,6 +220,14 @@ func testProbeSurvivesMigrations(t *testing.T, strategy string) {
 		t.Fatalf("after %d migrations ps = %+v, want p on %s with IP %s", n, ps, want, c.IP)
 	}
 	checkMasks(t, ps[0].Pid)
+}
+
+// hasPhase says whether a migration went through phase. The lazy phase
+// can last no time at all: the destination may have pulled every page
+// before the source even committed.
+func hasPhase(phases map[string]float64, phase string) bool {
+	_, ok := phases[phase]
+	return ok
 }
 
 // checkMasks checks that the container whose init is pid still sees its
