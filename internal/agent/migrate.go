@@ -200,9 +200,11 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 	// dumps a frozen cgroup as it is, and leaves it frozen if the dump
 	// fails (thawed below).
 	paused := true
-	if err := linux.FreezeCgroup(ctx, a.cgroupsPath(name)); err != nil {
+	if tries, err := linux.FreezeCgroupSeizable(ctx, a.cgroupsPath(name), 20); err != nil {
 		paused = false
 		a.log.Warn("freeze before dump; CRIU freezes instead", "container", name, "err", err)
+	} else if tries > 1 {
+		a.log.Info("froze again: a task was in a vfork", "container", name, "tries", tries)
 	}
 	// The network lock (CRIU's is skipped, runc.SkipNetworkLock): the
 	// frozen sockets get no packets, and no reset leaves once the dumped

@@ -95,3 +95,60 @@ func thawValue(val string) string {
 	}
 	return val
 }
+
+// FreezeCgroupSeizable is FreezeCgroup that does not leave a task frozen
+// in the middle of a vfork: a parent waiting for its vfork child to exec
+// or exit cannot be seized by ptrace, and CRIU then gives up on the dump
+// after its timeout (10 s, "Unseizable non-zombie … state D") with the
+// service frozen all along. A shell service running commands is in that
+// wait a few percent of the time. When one is caught, the cgroup is
+// thawed for a moment, so the child can exec, and frozen again, up to
+// tries times; it reports how many tries that took.
+func FreezeCgroupSeizable(ctx context.Context, path string, tries int) (int, error) {
+	for i := 1; ; i++ {
+		if err := FreezeCgroup(ctx, path); err != nil {
+			return i, err
+		}
+		waiting, err := VforkWaiters(path)
+		if err != nil || len(waiting) == 0 || i >= tries {
+			return i, nil // an unreadable task list: CRIU decides
+		}
+		if err := ThawCgroup(ctx, path); err != nil {
+			return i, err
+		}
+		select {
+		case <-ctx.Done():
+			return i, ctx.Err()
+		case <-time.After(time.Duration(i) * time.Millisecond):
+		}
+	}
+}
+
+// VforkWaiters lists the tasks of the cgroup at path that wait for a
+// vfork child (their kernel wait channel is kernel_clone, where the
+// parent of a vfork sleeps until the child execs or exits).
+func VforkWaiters(path string) ([]int, error) {
+	tasks := filepath.Join(cgroupRoot, "freezer", path, "tasks")
+	if _, err := os.Stat(tasks); err != nil {
+		tasks = filepath.Join(cgroupRoot, path, "cgroup.threads") // v2
+	}
+	b, err := os.ReadFile(tasks)
+	if err != nil {
+		return nil, err
+	}
+	var out []int
+	for _, f := range strings.Fields(string(b)) {
+		var tid int
+		if _, err := fmt.Sscan(f, &tid); err != nil {
+			continue
+		}
+		w, err := os.ReadFile(fmt.Sprintf("/proc/%d/wchan", tid))
+		if err != nil {
+			continue // gone
+		}
+		if ch := string(w); ch == "kernel_clone" || strings.Contains(ch, "vfork") {
+			out = append(out, tid)
+		}
+	}
+	return out, nil
+}

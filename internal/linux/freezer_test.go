@@ -17,29 +17,8 @@ func TestFreezeCgroup(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to create cgroups")
 	}
-	rel := fmt.Sprintf("/edgehop-test-freeze-%d", os.Getpid())
-	procs := filepath.Join(cgroupRoot, "freezer", rel)
-	if _, err := os.Stat(filepath.Join(cgroupRoot, "freezer")); err != nil {
-		procs = filepath.Join(cgroupRoot, rel) // v2
-	}
-	if err := os.Mkdir(procs, 0o755); err != nil {
-		t.Skipf("cannot create cgroup %s: %v", procs, err)
-	}
 	cmd := exec.Command("sh", "-c", "while :; do :; done")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = ThawCgroup(context.Background(), rel)
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		for i := 0; i < 50 && os.Remove(procs) != nil; i++ {
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
-	if err := os.WriteFile(filepath.Join(procs, "cgroup.procs"), []byte(fmt.Sprint(cmd.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	rel := inTestCgroup(t, "freeze", cmd)
 	ctx := context.Background()
 	if err := FreezeCgroup(ctx, rel); err != nil {
 		t.Fatal(err)
@@ -72,4 +51,105 @@ func cpuTicks(t *testing.T, pid int) int64 {
 	fmt.Sscan(f[11], &u)
 	fmt.Sscan(f[12], &s)
 	return u + s
+}
+
+// TestFreezeCgroupSeizable: a process that is in a vfork half of the time
+// is caught there by a plain freeze; FreezeCgroupSeizable never leaves it
+// there.
+func TestFreezeCgroupSeizable(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create cgroups")
+	}
+	cc, err := exec.LookPath("gcc")
+	if err != nil {
+		t.Skip("gcc not found: needed to build a vfork helper (make setup installs build-essential)")
+	}
+	dir := t.TempDir()
+	src := filepath.Join(dir, "vf.c")
+	// The child sleeps 20 ms and exits; the parent waits 20 ms and vforks
+	// again: the parent waits for a vfork child half of the time.
+	prog := `#include <unistd.h>
+#include <time.h>
+#include <sys/wait.h>
+int main(void) {
+	struct timespec d = {0, 20000000};
+	for (;;) {
+		pid_t p = vfork();
+		if (p == 0) { nanosleep(&d, 0); _exit(0); }
+		waitpid(p, 0, 0);
+		nanosleep(&d, 0);
+	}
+}
+`
+	if err := os.WriteFile(src, []byte(prog), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "vf")
+	if out, err := exec.Command(cc, "-O2", "-o", bin, src).CombinedOutput(); err != nil {
+		t.Fatalf("build vfork helper: %v\n%s", err, out)
+	}
+	rel := inTestCgroup(t, "vfork", exec.Command(bin))
+	ctx := context.Background()
+	caught := 0
+	for i := 0; i < 40 && caught == 0; i++ {
+		if err := FreezeCgroup(ctx, rel); err != nil {
+			t.Fatal(err)
+		}
+		w, err := VforkWaiters(rel)
+		if err != nil {
+			t.Fatal(err)
+		}
+		caught += len(w)
+		if err := ThawCgroup(ctx, rel); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(7 * time.Millisecond)
+	}
+	if caught == 0 {
+		t.Fatal("40 plain freezes never caught the parent in its vfork wait: the check has nothing to find here")
+	}
+	for i := 0; i < 20; i++ {
+		tries, err := FreezeCgroupSeizable(ctx, rel, 20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if w, _ := VforkWaiters(rel); len(w) != 0 {
+			t.Fatalf("freeze %d left %v in a vfork wait after %d tries", i, w, tries)
+		}
+		if err := ThawCgroup(ctx, rel); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(7 * time.Millisecond)
+	}
+}
+
+// inTestCgroup starts cmd in a new cgroup of its own (freezer hierarchy on
+// v1) and returns the cgroup's path; cleanup thaws and kills it and
+// removes the cgroup.
+func inTestCgroup(t *testing.T, name string, cmd *exec.Cmd) string {
+	t.Helper()
+	rel := fmt.Sprintf("/edgehop-test-%s-%d", name, os.Getpid())
+	procs := filepath.Join(cgroupRoot, "freezer", rel)
+	if _, err := os.Stat(filepath.Join(cgroupRoot, "freezer")); err != nil {
+		procs = filepath.Join(cgroupRoot, rel) // v2
+	}
+	if err := os.Mkdir(procs, 0o755); err != nil {
+		t.Skipf("cannot create cgroup %s: %v", procs, err)
+	}
+	if err := cmd.Start(); err != nil {
+		_ = os.Remove(procs)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = ThawCgroup(context.Background(), rel)
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		for i := 0; i < 50 && os.Remove(procs) != nil; i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(procs, "cgroup.procs"), []byte(fmt.Sprint(cmd.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return rel
 }
