@@ -717,16 +717,21 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 			return fail(fmt.Errorf("page tunnel: %w", err))
 		}
 		defer tun.Close()
+		// A proxy in front of the daemon pulls the dump's lazy runs ahead
+		// of it (hybrid: and fills the pages the rounds left here from
+		// the store); without the runs, hybrid's proxy relays only.
+		runs, rerr := precopy.LazyRuns(imgDir)
+		if rerr != nil {
+			a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
+		}
 		pageServer := tun.Addr().String()
-		if store != nil {
-			// Hybrid: pages the rounds left here come from the store.
-			if pageServer, err = a.serveLazyFromStore(tctx, tun.Addr().String(), store); err != nil {
-				lf.Close()
-				return fail(fmt.Errorf("page proxy: %w", err))
-			}
-		} else if runs, err := precopy.LazyRuns(imgDir); err != nil {
-			a.log.Warn("post-copy: no prefetch (lazy runs unreadable)", "container", p.Name, "err", err)
-		} else if pageServer, err = a.servePrefetch(tctx, p.Name, tun.Addr().String(), runs); err != nil {
+		switch {
+		case store != nil:
+			pageServer, err = a.serveLazyFromStore(tctx, p.Name, tun.Addr().String(), store, runs)
+		case rerr == nil:
+			pageServer, err = a.servePrefetch(tctx, p.Name, tun.Addr().String(), runs)
+		}
+		if err != nil {
 			lf.Close()
 			return fail(fmt.Errorf("page proxy: %w", err))
 		}

@@ -127,16 +127,25 @@ func lazyProxy(ctx context.Context, tunnelAddr string) (net.Listener, func(conte
 
 // serveLazyFromStore starts, until ctx ends, the destination's page proxy
 // of a hybrid migration in front of the tunnel at tunnelAddr, and returns
-// the address the lazy-pages daemon should use.
-func (a *Agent) serveLazyFromStore(ctx context.Context, tunnelAddr string, store *precopy.Store) (string, error) {
+// the address the lazy-pages daemon should use. With the dump's lazy runs
+// it pulls them ahead of the daemon (lazyproxy.ServeDestPrefetch).
+func (a *Agent) serveLazyFromStore(ctx context.Context, name, tunnelAddr string, store *precopy.Store, runs []precopy.LazyRun) (string, error) {
 	l, upstream, err := lazyProxy(ctx, tunnelAddr)
 	if err != nil {
 		return "", err
 	}
 	go func() {
 		var st lazyproxy.Stats
-		_ = lazyproxy.ServeDest(ctx, l, upstream, pageReader{store}, &st, a.log)
-		a.log.Info("hybrid: lazy pages", "from_store", st.HeldPages.Load(), "over_network", st.DataPages.Load())
+		var err error
+		if runs != nil {
+			err = lazyproxy.ServeDestPrefetch(ctx, l, upstream, pageReader{store}, lazyRanges(runs), &st, a.log)
+		} else {
+			err = lazyproxy.ServeDest(ctx, l, upstream, pageReader{store}, &st, a.log)
+		}
+		if err != nil && ctx.Err() == nil {
+			a.log.Warn("hybrid page proxy", "container", name, "err", err)
+		}
+		a.log.Info("hybrid: lazy pages", "container", name, "from_store", st.HeldPages.Load(), "over_network", st.DataPages.Load(), "prefetched", st.Prefetched.Load())
 	}()
 	return l.Addr().String(), nil
 }
@@ -150,18 +159,22 @@ func (a *Agent) servePrefetch(ctx context.Context, name, tunnelAddr string, runs
 	if err != nil {
 		return "", err
 	}
+	go func() {
+		var st lazyproxy.Stats
+		if err := lazyproxy.ServePrefetch(ctx, l, upstream, lazyRanges(runs), &st, a.log); err != nil && ctx.Err() == nil {
+			a.log.Warn("post-copy page proxy", "container", name, "err", err)
+		}
+		a.log.Info("post-copy: lazy pages", "container", name, "prefetched", st.Prefetched.Load(), "over_network", st.DataPages.Load())
+	}()
+	return l.Addr().String(), nil
+}
+
+func lazyRanges(runs []precopy.LazyRun) []lazyproxy.Range {
 	ranges := make([]lazyproxy.Range, len(runs))
 	for i, r := range runs {
 		ranges[i] = lazyproxy.Range{PID: r.PID, Addr: r.Addr, Pages: r.Pages}
 	}
-	go func() {
-		var st lazyproxy.Stats
-		if err := lazyproxy.ServePrefetch(ctx, l, upstream, ranges, &st, a.log); err != nil && ctx.Err() == nil {
-			a.log.Warn("post-copy page proxy", "container", name, "err", err)
-		}
-		a.log.Info("post-copy: lazy pages", "container", name, "prefetched_served", st.HeldPages.Load(), "over_network", st.DataPages.Load())
-	}()
-	return l.Addr().String(), nil
+	return ranges
 }
 
 // pageReader adapts a precopy.Store to lazyproxy.PageReader.

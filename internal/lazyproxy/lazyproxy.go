@@ -55,9 +55,10 @@ func (h header) op() uint32 { return h.cmd & cmdMask }
 
 // Stats counts the pages a proxy moved.
 type Stats struct {
-	Requests  atomic.Int64
-	HeldPages atomic.Int64 // answered from the destination's copy
-	DataPages atomic.Int64 // sent over the network
+	Requests   atomic.Int64
+	HeldPages  atomic.Int64 // answered from the destination's copy
+	DataPages  atomic.Int64 // sent over the network
+	Prefetched atomic.Int64 // given to the daemon from pages pulled ahead of it
 }
 
 // Holds says whether the destination holds page (its content) at addr of

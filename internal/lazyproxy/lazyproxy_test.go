@@ -110,20 +110,31 @@ func listen(t *testing.T) net.Listener {
 // ServeDest's address and both proxies' stats.
 func chain(t *testing.T, limit uint64) (string, *Stats, *Stats) {
 	t.Helper()
+	return chainWith(t, func(l net.Listener) { fakePageServer(t, l, limit) },
+		func(ctx context.Context, l net.Listener, up func(context.Context) (net.Conn, error), st *Stats) error {
+			return ServeDest(ctx, l, up, store{}, st, nil)
+		})
+}
+
+// chainWith starts the page server criu on a listener, ServeSource in
+// front of it and dest in front of that, and returns dest's address and
+// both proxies' stats.
+func chainWith(t *testing.T, criu func(net.Listener), dest func(context.Context, net.Listener, func(context.Context) (net.Conn, error), *Stats) error) (string, *Stats, *Stats) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	criu, src, dst := listen(t), listen(t), listen(t)
-	fakePageServer(t, criu, limit)
+	cl, src, dst := listen(t), listen(t), listen(t)
+	criu(cl)
 	var sst, dstat Stats
 	holds := func(pid uint32, addr uint64, page []byte) bool {
 		return held(addr) && bytes.Equal(page, content(pid, addr))
 	}
 	done := make(chan struct{}, 2)
-	go func() { _ = ServeSource(ctx, src, criu.Addr().String(), holds, &sst, nil); done <- struct{}{} }()
+	go func() { _ = ServeSource(ctx, src, cl.Addr().String(), holds, &sst, nil); done <- struct{}{} }()
 	up := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", src.Addr().String())
 	}
-	go func() { _ = ServeDest(ctx, dst, up, store{}, &dstat, nil); done <- struct{}{} }()
+	go func() { _ = dest(ctx, dst, up, &dstat); done <- struct{}{} }()
 	t.Cleanup(func() {
 		cancel()
 		<-done

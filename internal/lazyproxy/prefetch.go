@@ -2,6 +2,7 @@ package lazyproxy
 
 import (
 	"bufio"
+	"bytes"
 	"cmp"
 	"context"
 	"encoding/binary"
@@ -59,9 +60,53 @@ func ServePrefetch(ctx context.Context, l net.Listener, upstream func(context.Co
 		if err != nil {
 			return fmt.Errorf("page server: %w", err)
 		}
-		m := newMux(down, up, ranges, st)
-		return m.run(ctx)
+		return newMux(down, up, ranges, st, plainPages(st)).run(ctx)
 	})
+}
+
+// ServeDestPrefetch is ServeDest (hybrid: upstream is ServeSource, whose
+// replies flag the pages the destination holds, read from pages) with
+// ServePrefetch's pull of every lazy run ahead of the daemon.
+func ServeDestPrefetch(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), pages PageReader, ranges []Range, st *Stats, log *slog.Logger) error {
+	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
+		up, err := upstream(ctx)
+		if err != nil {
+			return fmt.Errorf("source proxy: %w", err)
+		}
+		return newMux(down, up, ranges, st, flaggedPages(pages, st)).run(ctx)
+	})
+}
+
+// A pageDecoder reads the pages of a reply whose header is h.
+type pageDecoder func(h header, from *bufio.Reader) ([]byte, error)
+
+// plainPages reads CRIU's own replies: h.nr pages.
+func plainPages(st *Stats) pageDecoder {
+	return func(h header, from *bufio.Reader) ([]byte, error) {
+		data := make([]byte, h.nr*pageSize)
+		if _, err := io.ReadFull(from, data); err != nil {
+			return nil, fmt.Errorf("page data: %w", err)
+		}
+		st.DataPages.Add(int64(h.nr))
+		return data, nil
+	}
+}
+
+// flaggedPages reads ServeSource's replies (decodePages).
+func flaggedPages(pages PageReader, st *Stats) pageDecoder {
+	return func(h header, from *bufio.Reader) ([]byte, error) {
+		var b bytes.Buffer
+		b.Grow(int(h.nr * pageSize))
+		w := bufio.NewWriterSize(&b, pageSize)
+		if err := decodePages(h, from, w, pages, st); err != nil {
+			return nil, err
+		}
+		if err := w.Flush(); err != nil {
+			return nil, err
+		}
+		st.Requests.Add(-1) // decodePages counts a request; the mux counts the daemon's
+		return b.Bytes(), nil
+	}
 }
 
 type pageKey struct {
@@ -86,6 +131,7 @@ type upReq struct {
 type mux struct {
 	down, up net.Conn
 	st       *Stats
+	decode   pageDecoder
 
 	mu       sync.Mutex
 	cond     *sync.Cond
@@ -110,12 +156,12 @@ type mux struct {
 	slots chan *slot
 }
 
-func newMux(down, up net.Conn, ranges []Range, st *Stats) *mux {
+func newMux(down, up net.Conn, ranges []Range, st *Stats, decode pageDecoder) *mux {
 	todo := slices.Clone(ranges)
 	slices.SortFunc(todo, func(a, b Range) int {
 		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Addr, b.Addr))
 	})
-	m := &mux{down: down, up: up, st: st, cache: map[pageKey][]byte{}, todo: todo,
+	m := &mux{down: down, up: up, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
 		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
 	for _, r := range ranges {
 		for i := uint64(0); i < r.Pages; i++ {
@@ -267,7 +313,7 @@ func (m *mux) takeCachedLocked(h header) ([]byte, bool) {
 		delete(m.cache, k)
 	}
 	m.cached -= int64(h.nr * pageSize)
-	m.st.HeldPages.Add(int64(h.nr))
+	m.st.Prefetched.Add(int64(h.nr))
 	m.deliveredLocked(h.dstID, h.vaddr, h.nr)
 	m.cond.Broadcast()
 	return reply, true
@@ -401,13 +447,12 @@ func (m *mux) readReplies() {
 			m.releaseSlots()
 			return
 		}
-		data := make([]byte, h.nr*pageSize)
-		if _, err := io.ReadFull(from, data); err != nil {
-			m.fail(fmt.Errorf("page data: %w", err))
+		data, err := m.decode(h, from)
+		if err != nil {
+			m.fail(err)
 			m.releaseSlots()
 			return
 		}
-		m.st.DataPages.Add(int64(h.nr))
 		if !req.prefetch {
 			m.st.Requests.Add(1)
 			req.daemon.reply = append(b, data...)

@@ -130,24 +130,9 @@ func TestPrefetchAnswersFromAhead(t *testing.T) {
 	// The daemon has every lazy page: the proxy ends the server's
 	// session without waiting for the daemon's CLOSE, and answers that
 	// CLOSE with the server's status.
-	for deadline := time.Now().Add(5 * time.Second); !serverClosed.Load(); {
-		if time.Now().After(deadline) {
-			t.Fatal("the page server got no CLOSE after the daemon had every page")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if _, err := c.Write(encodeHeader(cmdClose, 0, 0, 0)); err != nil {
-		t.Fatal(err)
-	}
-	status := make([]byte, 4)
-	if _, err := io.ReadFull(c, status); err != nil || binary.LittleEndian.Uint32(status) != 0 {
-		t.Fatalf("close status %v, %v", status, err)
-	}
-	if bad.Load() != 0 {
-		t.Fatalf("%d requests for pages the server does not hold", bad.Load())
-	}
-	if st.HeldPages.Load() != 310 {
-		t.Errorf("%d pages answered from the prefetch, want 310", st.HeldPages.Load())
+	closeAfterServer(t, c, serverClosed, bad)
+	if st.Prefetched.Load() != 310 {
+		t.Errorf("%d pages answered from the prefetch, want 310", st.Prefetched.Load())
 	}
 	if st.DataPages.Load() != 311 {
 		t.Errorf("%d pages crossed, want 311 (each once, plus the first request's)", st.DataPages.Load())
@@ -198,5 +183,77 @@ func TestPrefetchCloseBeforeAllPages(t *testing.T) {
 	}
 	if !serverClosed.Load() {
 		t.Fatal("the daemon's CLOSE did not reach the server")
+	}
+}
+
+// TestDestPrefetchHybrid: hybrid's chain (CRIU ← ServeSource ←
+// ServeDestPrefetch) pulls every lazy run ahead of the daemon; pages the
+// destination holds never cross, the daemon gets every page intact, and
+// the session ends once it has them all.
+func TestDestPrefetchHybrid(t *testing.T) {
+	const a = 0x30000000
+	ranges := []Range{{PID: 4, Addr: a, Pages: 200}}
+	lazy := map[pageKey]bool{}
+	for i := uint64(0); i < 200; i++ {
+		lazy[pageKey{4, a + i*pageSize}] = true
+	}
+	var bad atomic.Int64
+	var closed atomic.Bool
+	addr, sst, dstat := chainWith(t, func(l net.Listener) { strictPageServer(t, l, lazy, 64, &bad, &closed) },
+		func(ctx context.Context, l net.Listener, up func(context.Context) (net.Conn, error), st *Stats) error {
+			return ServeDestPrefetch(ctx, l, up, store{}, ranges, st, nil)
+		})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(encodeHeader(cmdGet, 1, a, 4)); err != nil {
+		t.Fatal(err)
+	}
+	readReply(t, c, 4, a, 1)
+	for deadline := time.Now().Add(5 * time.Second); dstat.HeldPages.Load()+dstat.DataPages.Load() < 201 && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for p := uint64(1); p < 200; p += 33 {
+		n := min(33, 200-p)
+		if _, err := c.Write(encodeHeader(cmdGet, n, a+p*pageSize, 4)); err != nil {
+			t.Fatal(err)
+		}
+		if got := readReply(t, c, 4, a+p*pageSize, n); got != n {
+			t.Fatalf("GET %#x+%d answered with %d pages", a+p*pageSize, n, got)
+		}
+	}
+	closeAfterServer(t, c, &closed, &bad)
+	if dstat.Prefetched.Load() != 199 {
+		t.Errorf("%d pages given from the prefetch, want 199", dstat.Prefetched.Load())
+	}
+	if sst.HeldPages.Load() == 0 || sst.DataPages.Load() == 0 {
+		t.Errorf("source proxy: held %d, data %d; want both", sst.HeldPages.Load(), sst.DataPages.Load())
+	}
+}
+
+// closeAfterServer waits until the page server got the proxy's own CLOSE
+// (the daemon has every page), then closes as the daemon does and checks
+// the status it gets and that the server was never asked for a page it
+// does not hold.
+func closeAfterServer(t *testing.T, c net.Conn, serverClosed *atomic.Bool, bad *atomic.Int64) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !serverClosed.Load(); {
+		if time.Now().After(deadline) {
+			t.Fatal("the page server got no CLOSE after the daemon had every page")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := c.Write(encodeHeader(cmdClose, 0, 0, 0)); err != nil {
+		t.Fatal(err)
+	}
+	status := make([]byte, 4)
+	if _, err := io.ReadFull(c, status); err != nil || binary.LittleEndian.Uint32(status) != 0 {
+		t.Fatalf("close status %v, %v", status, err)
+	}
+	if bad.Load() != 0 {
+		t.Fatalf("%d requests for pages the server does not hold", bad.Load())
 	}
 }
