@@ -128,6 +128,12 @@ type upReq struct {
 	daemon   *slot // when neither
 }
 
+// A parkedReq is a daemon request waiting for prefetched pages.
+type parkedReq struct {
+	h header
+	s *slot
+}
+
 type mux struct {
 	down, up net.Conn
 	st       *Stats
@@ -148,7 +154,16 @@ type mux struct {
 	// the daemon's own CLOSE leaves corked (CRIU's disconnect sends it
 	// without a push) and reaches the server only after the kernel's
 	// 200 ms cork timeout, keeping the source busy that much longer.
-	owed        map[pageKey]struct{}
+	owed map[pageKey]struct{}
+	// wanted are the lazy pages nobody has asked the server for yet:
+	// the prefetch skips pages the daemon asked for itself, which would
+	// otherwise cross twice and then sit in the cache for good.
+	wanted map[pageKey]struct{}
+	// inflight are the pages the prefetch asked for and has not read yet;
+	// a daemon request whose pages are all cached or in flight is parked
+	// until they are in, rather than asked for again behind them.
+	inflight    map[pageKey]struct{}
+	parked      []parkedReq
 	earlyClosed bool   // the proxy sent CLOSE on the daemon's behalf
 	earlyStatus []byte // the server's answer to it, once read
 	earlyReady  chan struct{}
@@ -162,10 +177,11 @@ func newMux(down, up net.Conn, ranges []Range, st *Stats, decode pageDecoder) *m
 		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Addr, b.Addr))
 	})
 	m := &mux{down: down, up: up, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
-		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
+		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, wanted: map[pageKey]struct{}{}, inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
 	for _, r := range ranges {
 		for i := uint64(0); i < r.Pages; i++ {
 			m.owed[pageKey{r.PID, r.Addr + i*pageSize}] = struct{}{}
+			m.wanted[pageKey{r.PID, r.Addr + i*pageSize}] = struct{}{}
 		}
 	}
 	m.cond = sync.NewCond(&m.mu)
@@ -259,7 +275,12 @@ func (m *mux) readDaemon() error {
 				close(s.ready)
 				continue
 			}
-			err := m.sendLocked(upReq{h: h, daemon: s})
+			if m.comingLocked(h) {
+				m.parked = append(m.parked, parkedReq{h, s})
+				m.mu.Unlock()
+				continue
+			}
+			err := m.forwardLocked(h, s)
 			m.mu.Unlock()
 			if err != nil {
 				close(s.ready)
@@ -297,11 +318,17 @@ func (m *mux) readDaemon() error {
 // it is there, and drops those pages from the cache.
 func (m *mux) takeCachedLocked(h header) ([]byte, bool) {
 	pid := uint32(h.dstID)
-	for i := uint64(0); i < h.nr; i++ {
-		if _, ok := m.cache[pageKey{pid, h.vaddr + i*pageSize}]; !ok {
-			return nil, false
+	n := uint64(0)
+	for n < h.nr {
+		if _, ok := m.cache[pageKey{pid, h.vaddr + n*pageSize}]; !ok {
+			break
 		}
+		n++
 	}
+	if n == 0 {
+		return nil, false
+	}
+	h.nr = n // a short reply, as CRIU's server gives at a run's end: the daemon asks for the rest
 	reply := make([]byte, hdrSize, hdrSize+h.nr*pageSize)
 	binary.LittleEndian.PutUint32(reply[0:], replyCmd)
 	binary.LittleEndian.PutUint64(reply[8:], h.nr)
@@ -377,13 +404,29 @@ func (m *mux) prefetch() {
 			return
 		}
 		r := &m.todo[0]
-		n := min(r.Pages, prefetchReqPages)
+		for r.Pages > 0 && !m.isWanted(r.PID, r.Addr) { // the daemon asked for it
+			r.Addr += pageSize
+			r.Pages--
+		}
+		if r.Pages == 0 {
+			m.todo = m.todo[1:]
+			continue
+		}
+		n := uint64(1)
+		for n < min(r.Pages, prefetchReqPages) && m.isWanted(r.PID, r.Addr+n*pageSize) {
+			n++
+		}
 		h := header{cmd: cmdGet, nr: n, vaddr: r.Addr, dstID: uint64(r.PID)}
 		if r.Pages == n {
 			m.todo = m.todo[1:]
 		} else {
 			r.Addr += n * pageSize
 			r.Pages -= n
+		}
+		for i := uint64(0); i < n; i++ {
+			k := pageKey{uint32(h.dstID), h.vaddr + i*pageSize}
+			delete(m.wanted, k)
+			m.inflight[k] = struct{}{}
 		}
 		m.inFlight += int64(n * pageSize)
 		if err := m.sendLocked(upReq{h: h, prefetch: true}); err != nil {
@@ -392,6 +435,64 @@ func (m *mux) prefetch() {
 			return
 		}
 	}
+}
+
+// comingLocked says whether the first page of h is on its way to the
+// cache.
+func (m *mux) comingLocked(h header) bool {
+	_, ok := m.inflight[pageKey{uint32(h.dstID), h.vaddr}]
+	return ok
+}
+
+// forwardLocked asks the server, on the daemon's behalf, for the leading
+// pages of h that are neither cached nor on their way; the daemon gets a
+// short reply and asks for the rest.
+func (m *mux) forwardLocked(h header, s *slot) error {
+	n := uint64(1)
+	for n < h.nr {
+		k := pageKey{uint32(h.dstID), h.vaddr + n*pageSize}
+		_, cached := m.cache[k]
+		_, coming := m.inflight[k]
+		if cached || coming {
+			break
+		}
+		n++
+	}
+	h.nr = n
+	for i := uint64(0); i < n; i++ {
+		delete(m.wanted, pageKey{uint32(h.dstID), h.vaddr + i*pageSize})
+	}
+	return m.sendLocked(upReq{h: h, daemon: s})
+}
+
+// serveParkedLocked answers the parked requests whose pages are all in
+// now, and forwards those whose missing pages are no longer coming.
+func (m *mux) serveParkedLocked() error {
+	kept := m.parked[:0]
+	for _, p := range m.parked {
+		if reply, ok := m.takeCachedLocked(p.h); ok {
+			m.st.Requests.Add(1)
+			p.s.reply = reply
+			close(p.s.ready)
+			continue
+		}
+		if !m.comingLocked(p.h) {
+			if err := m.forwardLocked(p.h, p.s); err != nil {
+				return err
+			}
+			continue
+		}
+		kept = append(kept, p)
+	}
+	m.parked = kept
+	return nil
+}
+
+// isWanted says whether nobody asked the server for the page yet. The
+// caller holds m.mu.
+func (m *mux) isWanted(pid uint32, addr uint64) bool {
+	_, ok := m.wanted[pageKey{pid, addr}]
+	return ok
 }
 
 // readReplies reads the page server's replies in request order and hands
@@ -464,12 +565,31 @@ func (m *mux) readReplies() {
 		}
 		m.mu.Lock()
 		m.inFlight -= int64(req.h.nr * pageSize)
-		for i := uint64(0); i < h.nr; i++ {
-			m.cache[pageKey{uint32(h.dstID), h.vaddr + i*pageSize}] = data[i*pageSize : (i+1)*pageSize]
+		for i := uint64(0); i < req.h.nr; i++ {
+			delete(m.inflight, pageKey{uint32(req.h.dstID), req.h.vaddr + i*pageSize})
 		}
-		m.cached += int64(h.nr * pageSize)
+		for i := uint64(0); i < h.nr; i++ {
+			k := pageKey{uint32(h.dstID), h.vaddr + i*pageSize}
+			if _, ok := m.owed[k]; !ok {
+				continue // the daemon got it meanwhile
+			}
+			if _, dup := m.cache[k]; !dup {
+				m.cache[k] = data[i*pageSize : (i+1)*pageSize]
+				m.cached += pageSize
+			}
+		}
 		if h.nr < req.h.nr { // the server's run ended: ask for the rest later
-			m.todo = append(m.todo, Range{PID: uint32(h.dstID), Addr: h.vaddr + h.nr*pageSize, Pages: req.h.nr - h.nr})
+			rest := Range{PID: uint32(h.dstID), Addr: h.vaddr + h.nr*pageSize, Pages: req.h.nr - h.nr}
+			for i := uint64(0); i < rest.Pages; i++ {
+				m.wanted[pageKey{rest.PID, rest.Addr + i*pageSize}] = struct{}{}
+			}
+			m.todo = append(m.todo, rest)
+		}
+		if err := m.serveParkedLocked(); err != nil {
+			m.mu.Unlock()
+			m.fail(err)
+			m.releaseSlots()
+			return
 		}
 		m.cond.Broadcast()
 		m.mu.Unlock()
@@ -482,7 +602,12 @@ func (m *mux) releaseSlots() {
 	m.mu.Lock()
 	pend := m.pending
 	m.pending = nil
+	parked := m.parked
+	m.parked = nil
 	m.mu.Unlock()
+	for _, p := range parked {
+		close(p.s.ready)
+	}
 	for _, r := range pend {
 		switch {
 		case r.early:
