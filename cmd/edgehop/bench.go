@@ -92,7 +92,7 @@ func benchLink(ctx context.Context, args []string) error {
 
 func makeRow(src, dst testbed.Member, m linkemu.Measurement) linkRow {
 	confRTT := 2 * float64((src.Link.Delay + dst.Link.Delay).Microseconds()) / 1000
-	rate := narrower(src.Link.RateBps, dst.Link.RateBps)
+	rate := testbed.LinkPathRate(src, dst)
 	r := linkRow{From: src.Name, To: dst.Name, ConfiguredRTT: confRTT,
 		MeasuredRTTp50: float64(m.RTTMedian.Microseconds()) / 1000, MeasuredRTTp99: float64(m.RTTP99.Microseconds()) / 1000,
 		ConfiguredMbps: float64(rate) / 1e6, MeasuredMbps: m.Mbps()}
@@ -103,16 +103,4 @@ func makeRow(src, dst testbed.Member, m linkemu.Measurement) linkRow {
 		r.RateRatio = m.Throughput / float64(rate)
 	}
 	return r
-}
-
-func narrower(a, b uint64) uint64 {
-	switch {
-	case a == 0:
-		return b
-	case b == 0:
-		return a
-	case a < b:
-		return a
-	}
-	return b
 }

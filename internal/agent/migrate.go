@@ -69,14 +69,15 @@ func (a *Agent) Migrate(ctx context.Context, name string, req migration.Request)
 		return res, err
 	}
 	defer a.release(name)
-	if st, err := a.rt.State(ctx, name); err != nil || st.Status != runc.StatusRunning {
+	st, err := a.rt.State(ctx, name)
+	if err != nil || st.Status != runc.StatusRunning {
 		status := string(st.Status)
 		if err != nil {
 			status = "gone"
 		}
 		return res, fmt.Errorf("%w: %s is not running on %s (status %s), so there is nothing to migrate; see 'edgehop logs %s'", ErrInvalid, name, a.cfg.Node, status, name)
 	}
-	if err := a.checkDumpable(ctx, name); err != nil {
+	if err := a.checkDumpable(name, st.Pid); err != nil {
 		return res, err
 	}
 	// The dump writes about the service's memory to tmpfs: ready that
@@ -725,15 +726,11 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 			a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
 		}
 		pageServer := tun.Addr().String()
-		switch {
-		case store != nil:
-			pageServer, err = a.serveLazyFromStore(tctx, p.Name, tun.Addr().String(), store, runs)
-		case rerr == nil:
-			pageServer, err = a.servePrefetch(tctx, p.Name, tun.Addr().String(), runs)
-		}
-		if err != nil {
-			lf.Close()
-			return fail(fmt.Errorf("page proxy: %w", err))
+		if store != nil || rerr == nil {
+			if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, store, runs); err != nil {
+				lf.Close()
+				return fail(fmt.Errorf("page proxy: %w", err))
+			}
 		}
 		if pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: imgDir, WorkPath: work, PageServer: pageServer}); err != nil {
 			lf.Close()

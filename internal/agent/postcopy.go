@@ -110,61 +110,39 @@ func (a *Agent) tunnelDialer(from string) (func(context.Context) (*transfer.Conn
 // a page tunnel request.
 func isTunnel(typ string) bool { return typ == transfer.MsgTunnel }
 
-// lazyProxy listens on loopback for CRIU's lazy-pages daemon and returns
-// the listener and how a proxy reaches the tunnel at tunnelAddr.
-func lazyProxy(ctx context.Context, tunnelAddr string) (net.Listener, func(context.Context) (net.Conn, error), error) {
+// serveLazyPages starts, until ctx ends, the destination's page proxy in
+// front of the tunnel at tunnelAddr and returns the address the lazy-pages
+// daemon should use. It pulls the dump's lazy runs ahead of the daemon
+// (lazyproxy.ServePrefetch); for hybrid (store set) the pages the rounds
+// left here come from the store, and without runs to pull it only relays
+// (lazyproxy.ServeDest).
+func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, store *precopy.Store, runs []precopy.LazyRun) (string, error) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
 	l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
-		return nil, nil, err
+		return "", err
 	}
-	return l, func(ctx context.Context) (net.Conn, error) {
+	upstream := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "tcp", tunnelAddr)
-	}, nil
-}
-
-// serveLazyFromStore starts, until ctx ends, the destination's page proxy
-// of a hybrid migration in front of the tunnel at tunnelAddr, and returns
-// the address the lazy-pages daemon should use. With the dump's lazy runs
-// it pulls them ahead of the daemon (lazyproxy.ServeDestPrefetch).
-func (a *Agent) serveLazyFromStore(ctx context.Context, name, tunnelAddr string, store *precopy.Store, runs []precopy.LazyRun) (string, error) {
-	l, upstream, err := lazyProxy(ctx, tunnelAddr)
-	if err != nil {
-		return "", err
+	}
+	var held lazyproxy.PageReader // post-copy: none
+	if store != nil {
+		held = pageReader{store}
 	}
 	go func() {
 		var st lazyproxy.Stats
 		var err error
-		if runs != nil {
-			err = lazyproxy.ServeDestPrefetch(ctx, l, upstream, pageReader{store}, lazyRanges(runs), &st, a.log)
+		if held != nil && runs == nil {
+			err = lazyproxy.ServeDest(ctx, l, upstream, held, &st, a.log)
 		} else {
-			err = lazyproxy.ServeDest(ctx, l, upstream, pageReader{store}, &st, a.log)
+			err = lazyproxy.ServePrefetch(ctx, l, upstream, held, lazyRanges(runs), &st, a.log)
 		}
 		if err != nil && ctx.Err() == nil {
-			a.log.Warn("hybrid page proxy", "container", name, "err", err)
+			a.log.Warn("lazy page proxy", "container", name, "err", err)
 		}
-		a.log.Info("hybrid: lazy pages", "container", name, "from_store", st.HeldPages.Load(), "over_network", st.DataPages.Load(), "prefetched", st.Prefetched.Load())
-	}()
-	return l.Addr().String(), nil
-}
-
-// servePrefetch starts, until ctx ends, the destination's page proxy of
-// a post-copy migration in front of the tunnel at tunnelAddr: it pulls the
-// dump's lazy runs ahead of CRIU's lazy-pages daemon
-// (lazyproxy.ServePrefetch). It returns the address the daemon should use.
-func (a *Agent) servePrefetch(ctx context.Context, name, tunnelAddr string, runs []precopy.LazyRun) (string, error) {
-	l, upstream, err := lazyProxy(ctx, tunnelAddr)
-	if err != nil {
-		return "", err
-	}
-	go func() {
-		var st lazyproxy.Stats
-		if err := lazyproxy.ServePrefetch(ctx, l, upstream, lazyRanges(runs), &st, a.log); err != nil && ctx.Err() == nil {
-			a.log.Warn("post-copy page proxy", "container", name, "err", err)
-		}
-		a.log.Info("post-copy: lazy pages", "container", name, "prefetched", st.Prefetched.Load(), "over_network", st.DataPages.Load())
+		a.log.Info("lazy pages", "container", name, "from_store", st.HeldPages.Load(), "over_network", st.DataPages.Load(), "prefetched", st.Prefetched.Load())
 	}()
 	return l.Addr().String(), nil
 }

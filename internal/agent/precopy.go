@@ -133,16 +133,15 @@ func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *p
 // cannot dump here: a process running as another user than the agent's
 // when the agent lacks CAP_SYS_RESOURCE (CRIU then cannot read its
 // rlimits, "Can't get rlimit: Operation not permitted").
-func (a *Agent) checkDumpable(ctx context.Context, name string) error {
+func (a *Agent) checkDumpable(name string, pid int) error {
 	ok, err := linux.HasCapSysResource()
 	if err != nil || ok {
 		return nil // unknown: let CRIU decide (a failed dump rolls back)
 	}
-	st, err := a.rt.State(ctx, name)
-	if err != nil || st.Pid <= 0 {
+	if pid <= 0 {
 		return nil
 	}
-	pids, err := linux.ProcessTree(st.Pid)
+	pids, err := linux.ProcessTree(pid)
 	if err != nil {
 		return nil
 	}

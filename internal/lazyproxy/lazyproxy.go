@@ -51,6 +51,15 @@ func (h *header) decode(b []byte) {
 	h.dstID = binary.LittleEndian.Uint64(b[24:])
 }
 
+// appendTo appends h's wire form to b.
+func (h header) appendTo(b []byte) []byte {
+	b = binary.LittleEndian.AppendUint32(b, h.cmd)
+	b = binary.LittleEndian.AppendUint32(b, 0) // padding
+	b = binary.LittleEndian.AppendUint64(b, h.nr)
+	b = binary.LittleEndian.AppendUint64(b, h.vaddr)
+	return binary.LittleEndian.AppendUint64(b, h.dstID)
+}
+
 func (h header) op() uint32 { return h.cmd & cmdMask }
 
 // Stats counts the pages a proxy moved.
@@ -83,6 +92,7 @@ func ServeSource(ctx context.Context, l net.Listener, criuAddr string, holds Hol
 			return fmt.Errorf("page server %s: %w", criuAddr, err)
 		}
 		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
+			st.Requests.Add(1)
 			return encodePages(h, from, to, holds, st)
 		})
 	})
@@ -99,6 +109,7 @@ func ServeDest(ctx context.Context, l net.Listener, upstream func(context.Contex
 			return fmt.Errorf("source proxy: %w", err)
 		}
 		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
+			st.Requests.Add(1)
 			return decodePages(h, from, to, pages, st)
 		})
 	})
@@ -251,7 +262,6 @@ func encodePages(h header, from *bufio.Reader, to *bufio.Writer, holds Holds, st
 			return err
 		}
 	}
-	st.Requests.Add(1)
 	return nil
 }
 
@@ -281,6 +291,5 @@ func decodePages(h header, from *bufio.Reader, to *bufio.Writer, pages PageReade
 			return err
 		}
 	}
-	st.Requests.Add(1)
 	return nil
 }

@@ -68,12 +68,7 @@ func servePages(l net.Listener, get func(header) []byte, onClose func()) {
 }
 
 func encodeHeader(cmd uint32, nr, vaddr, dst uint64) []byte {
-	b := make([]byte, hdrSize)
-	binary.LittleEndian.PutUint32(b[0:], cmd)
-	binary.LittleEndian.PutUint64(b[8:], nr)
-	binary.LittleEndian.PutUint64(b[16:], vaddr)
-	binary.LittleEndian.PutUint64(b[24:], dst)
-	return b
+	return header{cmd: cmd, nr: nr, vaddr: vaddr, dstID: dst}.appendTo(nil)
 }
 
 // content is the frozen page the fake page server serves.

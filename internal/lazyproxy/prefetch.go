@@ -5,11 +5,11 @@ import (
 	"bytes"
 	"cmp"
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -38,11 +38,13 @@ const (
 const replyCmd = 4<<16 | 6
 
 // ServePrefetch accepts the lazy-pages daemon's connections on l until ctx
-// ends or l is closed, each paired with one connection from upstream to
-// CRIU's page server (post-copy: through the agents' tunnel). Besides
-// relaying the daemon's requests, it asks the page server for every page
-// of ranges, back to back, from the daemon's first request on, and
-// answers the daemon from those pages when it has them.
+// ends or l is closed, each paired with one connection from upstream.
+// With held nil (post-copy) upstream is CRIU's page server, through the
+// agents' tunnel; otherwise (hybrid) it is ServeSource, whose replies flag
+// the pages the destination holds, read from held. Besides relaying the
+// daemon's requests, it asks for every page of ranges, back to back, from
+// the daemon's first request on, and answers the daemon from those pages
+// when it has them.
 //
 // The daemon alone asks for one run of pages at a time and waits for each
 // reply (a round trip through the tunnel per run, 6-10 ms here), and the
@@ -54,26 +56,17 @@ const replyCmd = 4<<16 | 6
 // up on a request for none), so ranges must come from the same dump's
 // pagemaps (PE_LAZY entries); a reply with fewer pages than asked ends the
 // run of pages the server keeps together, and the rest is asked again.
-func ServePrefetch(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), ranges []Range, st *Stats, log *slog.Logger) error {
+func ServePrefetch(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), held PageReader, ranges []Range, st *Stats, log *slog.Logger) error {
+	decode := plainPages(st)
+	if held != nil {
+		decode = flaggedPages(held, st)
+	}
 	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
 		up, err := upstream(ctx)
 		if err != nil {
 			return fmt.Errorf("page server: %w", err)
 		}
-		return newMux(down, up, ranges, st, plainPages(st)).run(ctx)
-	})
-}
-
-// ServeDestPrefetch is ServeDest (hybrid: upstream is ServeSource, whose
-// replies flag the pages the destination holds, read from pages) with
-// ServePrefetch's pull of every lazy run ahead of the daemon.
-func ServeDestPrefetch(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), pages PageReader, ranges []Range, st *Stats, log *slog.Logger) error {
-	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
-		up, err := upstream(ctx)
-		if err != nil {
-			return fmt.Errorf("source proxy: %w", err)
-		}
-		return newMux(down, up, ranges, st, flaggedPages(pages, st)).run(ctx)
+		return newMux(down, up, ranges, st, decode).run(ctx)
 	})
 }
 
@@ -104,7 +97,6 @@ func flaggedPages(pages PageReader, st *Stats) pageDecoder {
 		if err := w.Flush(); err != nil {
 			return nil, err
 		}
-		st.Requests.Add(-1) // decodePages counts a request; the mux counts the daemon's
 		return b.Bytes(), nil
 	}
 }
@@ -160,8 +152,8 @@ type mux struct {
 	// otherwise cross twice and then sit in the cache for good.
 	wanted map[pageKey]struct{}
 	// inflight are the pages the prefetch asked for and has not read yet;
-	// a daemon request whose pages are all cached or in flight is parked
-	// until they are in, rather than asked for again behind them.
+	// a daemon request whose first page is in flight is parked until it
+	// is in, rather than asked for again behind it.
 	inflight    map[pageKey]struct{}
 	parked      []parkedReq
 	earlyClosed bool   // the proxy sent CLOSE on the daemon's behalf
@@ -177,13 +169,13 @@ func newMux(down, up net.Conn, ranges []Range, st *Stats, decode pageDecoder) *m
 		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Addr, b.Addr))
 	})
 	m := &mux{down: down, up: up, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
-		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, wanted: map[pageKey]struct{}{}, inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
+		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
 	for _, r := range ranges {
 		for i := uint64(0); i < r.Pages; i++ {
 			m.owed[pageKey{r.PID, r.Addr + i*pageSize}] = struct{}{}
-			m.wanted[pageKey{r.PID, r.Addr + i*pageSize}] = struct{}{}
 		}
 	}
+	m.wanted = maps.Clone(m.owed)
 	m.cond = sync.NewCond(&m.mu)
 	return m
 }
@@ -202,12 +194,7 @@ func (m *mux) fail(err error) {
 // send writes h upstream and queues who gets the reply, atomically, so
 // the queue's order is the wire's. The caller holds m.mu.
 func (m *mux) sendLocked(r upReq) error {
-	var b [hdrSize]byte
-	binary.LittleEndian.PutUint32(b[0:], r.h.cmd)
-	binary.LittleEndian.PutUint64(b[8:], r.h.nr)
-	binary.LittleEndian.PutUint64(b[16:], r.h.vaddr)
-	binary.LittleEndian.PutUint64(b[24:], r.h.dstID)
-	if _, err := m.up.Write(b[:]); err != nil {
+	if _, err := m.up.Write(r.h.appendTo(make([]byte, 0, hdrSize))); err != nil {
 		return err
 	}
 	m.pending = append(m.pending, r)
@@ -314,8 +301,8 @@ func (m *mux) readDaemon() error {
 	}
 }
 
-// takeCachedLocked builds the reply to h from the cache when every page of
-// it is there, and drops those pages from the cache.
+// takeCachedLocked builds the reply to h from the leading pages of it the
+// cache holds (none: false), and drops those pages from the cache.
 func (m *mux) takeCachedLocked(h header) ([]byte, bool) {
 	pid := uint32(h.dstID)
 	n := uint64(0)
@@ -329,11 +316,8 @@ func (m *mux) takeCachedLocked(h header) ([]byte, bool) {
 		return nil, false
 	}
 	h.nr = n // a short reply, as CRIU's server gives at a run's end: the daemon asks for the rest
-	reply := make([]byte, hdrSize, hdrSize+h.nr*pageSize)
-	binary.LittleEndian.PutUint32(reply[0:], replyCmd)
-	binary.LittleEndian.PutUint64(reply[8:], h.nr)
-	binary.LittleEndian.PutUint64(reply[16:], h.vaddr)
-	binary.LittleEndian.PutUint64(reply[24:], h.dstID)
+	h.cmd = replyCmd
+	reply := h.appendTo(make([]byte, 0, hdrSize+h.nr*pageSize))
 	for i := uint64(0); i < h.nr; i++ {
 		k := pageKey{pid, h.vaddr + i*pageSize}
 		reply = append(reply, m.cache[k]...)
@@ -465,8 +449,8 @@ func (m *mux) forwardLocked(h header, s *slot) error {
 	return m.sendLocked(upReq{h: h, daemon: s})
 }
 
-// serveParkedLocked answers the parked requests whose pages are all in
-// now, and forwards those whose missing pages are no longer coming.
+// serveParkedLocked answers the parked requests whose first pages are in
+// now, and forwards those whose first page is no longer coming.
 func (m *mux) serveParkedLocked() error {
 	kept := m.parked[:0]
 	for _, p := range m.parked {
@@ -496,8 +480,18 @@ func (m *mux) isWanted(pid uint32, addr uint64) bool {
 }
 
 // readReplies reads the page server's replies in request order and hands
-// each to its owner: the cache or the daemon's slot.
+// each to its owner: the cache or the daemon's slot. Whatever ends it, no
+// daemon slot is left waiting.
 func (m *mux) readReplies() {
+	defer m.releaseSlots()
+	if err := m.readRepliesUntilClose(); err != nil {
+		m.fail(err)
+	}
+}
+
+// readRepliesUntilClose reads replies until the answer to a CLOSE (nil) or
+// a failure, its own (returned) or another goroutine's (nil).
+func (m *mux) readRepliesUntilClose() error {
 	from := bufio.NewReaderSize(m.up, 1<<20)
 	for {
 		m.mu.Lock()
@@ -506,8 +500,7 @@ func (m *mux) readReplies() {
 		}
 		if m.failed != nil {
 			m.mu.Unlock()
-			m.releaseSlots()
-			return
+			return nil
 		}
 		req := m.pending[0]
 		m.pending = m.pending[1:]
@@ -516,9 +509,7 @@ func (m *mux) readReplies() {
 		if req.h.op() != cmdGet { // CLOSE: a status
 			status := make([]byte, 4)
 			if _, err := io.ReadFull(from, status); err != nil {
-				m.fail(fmt.Errorf("close status: %w", err))
-				m.releaseSlots()
-				return
+				return fmt.Errorf("close status: %w", err)
 			}
 			if req.early {
 				m.earlyStatus = status
@@ -533,26 +524,20 @@ func (m *mux) readReplies() {
 			}
 			m.cond.Broadcast()
 			m.mu.Unlock()
-			return
+			return nil
 		}
 		b := make([]byte, hdrSize)
 		if _, err := io.ReadFull(from, b); err != nil {
-			m.fail(fmt.Errorf("reply to GET %#x+%d of %d: %w", req.h.vaddr, req.h.nr, req.h.dstID, err))
-			m.releaseSlots()
-			return
+			return fmt.Errorf("reply to GET %#x+%d of %d: %w", req.h.vaddr, req.h.nr, req.h.dstID, err)
 		}
 		var h header
 		h.decode(b)
 		if h.nr > req.h.nr || h.vaddr != req.h.vaddr || h.dstID != req.h.dstID {
-			m.fail(fmt.Errorf("reply %+v does not answer request %+v", h, req.h))
-			m.releaseSlots()
-			return
+			return fmt.Errorf("reply %+v does not answer request %+v", h, req.h)
 		}
 		data, err := m.decode(h, from)
 		if err != nil {
-			m.fail(err)
-			m.releaseSlots()
-			return
+			return err
 		}
 		if !req.prefetch {
 			m.st.Requests.Add(1)
@@ -585,14 +570,12 @@ func (m *mux) readReplies() {
 			}
 			m.todo = append(m.todo, rest)
 		}
-		if err := m.serveParkedLocked(); err != nil {
-			m.mu.Unlock()
-			m.fail(err)
-			m.releaseSlots()
-			return
-		}
+		err = m.serveParkedLocked()
 		m.cond.Broadcast()
 		m.mu.Unlock()
+		if err != nil {
+			return err
+		}
 	}
 }
 

@@ -58,7 +58,7 @@ func startPrefetch(t *testing.T, ranges []Range) (string, *Stats, *atomic.Int64,
 		return d.DialContext(ctx, "tcp", criu.Addr().String())
 	}
 	done := make(chan struct{})
-	go func() { _ = ServePrefetch(ctx, dst, up, ranges, &st, nil); close(done) }()
+	go func() { _ = ServePrefetch(ctx, dst, up, nil, ranges, &st, nil); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	return dst.Addr().String(), &st, &bad, &closed
 }
@@ -189,7 +189,7 @@ func TestPrefetchCloseBeforeAllPages(t *testing.T) {
 }
 
 // TestDestPrefetchHybrid: hybrid's chain (CRIU ← ServeSource ←
-// ServeDestPrefetch) pulls every lazy run ahead of the daemon; pages the
+// ServePrefetch with the store) pulls every lazy run ahead of the daemon; pages the
 // destination holds never cross, the daemon gets every page intact, and
 // the session ends once it has them all.
 func TestDestPrefetchHybrid(t *testing.T) {
@@ -203,7 +203,7 @@ func TestDestPrefetchHybrid(t *testing.T) {
 	var closed atomic.Bool
 	addr, sst, dstat := chainWith(t, func(l net.Listener) { strictPageServer(t, l, lazy, 64, &bad, &closed) },
 		func(ctx context.Context, l net.Listener, up func(context.Context) (net.Conn, error), st *Stats) error {
-			return ServeDestPrefetch(ctx, l, up, store{}, ranges, st, nil)
+			return ServePrefetch(ctx, l, up, store{}, ranges, st, nil)
 		})
 	c, err := net.Dial("tcp", addr)
 	if err != nil {

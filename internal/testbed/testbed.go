@@ -122,7 +122,13 @@ func (st *State) PathRate(a, b string) uint64 {
 	if !oka || !okb {
 		return 0
 	}
-	ra, rb := ma.Link.RateBps, mb.Link.RateBps
+	return LinkPathRate(ma, mb)
+}
+
+// LinkPathRate is the bit rate of the path between members a and b: the
+// narrower of their links, 0 when both are unshaped.
+func LinkPathRate(a, b Member) uint64 {
+	ra, rb := a.Link.RateBps, b.Link.RateBps
 	switch {
 	case ra == 0:
 		return rb

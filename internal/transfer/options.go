@@ -138,8 +138,9 @@ type Stats struct {
 	// Chunks counts data frames, of which CompressedChunks went compressed
 	// and ZeroChunks were all zeros and went as a length only.
 	Chunks, CompressedChunks, ZeroChunks int64
-	// CompressedBytes is the raw size of the chunks that went compressed.
-	CompressedBytes int64
+	// CompressedBytes and ZeroBytes are the raw sizes of the chunks that
+	// went compressed and of those that went as zeros.
+	CompressedBytes, ZeroBytes int64
 	// Compression is the mode the sender asked for; Compressed says
 	// whether most of the non-zero payload went compressed (auto
 	// compresses a probe chunk now and then even when it leaves
@@ -158,6 +159,11 @@ type Stats struct {
 }
 
 // Goodput is payload bytes per second over Duration.
+// mostlyCompressed is what Compressed says, the same on both ends.
+func (s Stats) mostlyCompressed() bool {
+	return 2*s.CompressedBytes > s.PayloadBytes-s.ZeroBytes
+}
+
 func (s Stats) Goodput() float64 {
 	if s.Duration <= 0 {
 		return 0

@@ -139,7 +139,6 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 	}
 
 	digest := newContentDigest()
-	var zeroBytes int64 // raw bytes of chunks that came as zeros
 	for {
 		h, payload, err := c.readFrameLocked(false)
 		if err != nil {
@@ -180,7 +179,7 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 			}
 			if h.flags&flagZero != 0 {
 				st.ZeroChunks++
-				zeroBytes += int64(h.rawLen)
+				st.ZeroBytes += int64(h.rawLen)
 				digest.zeros(int(h.rawLen))
 				err = s.zeros(int(h.rawLen))
 			} else {
@@ -199,7 +198,7 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 			}
 
 		case kindEnd:
-			st.Compressed = 2*st.CompressedBytes > st.PayloadBytes-zeroBytes // as the sender counts
+			st.Compressed = st.mostlyCompressed()
 			var got summary
 			if err := json.Unmarshal(payload, &got); err != nil {
 				return hdr, st, c.failReadLocked(ctx, fmt.Errorf("%w: summary: %v", ErrCorrupt, err))

@@ -276,17 +276,16 @@ type chunkBuf struct {
 // own goroutine. Its fields are owned by that goroutine until sendStream's
 // wg.Wait, except pool, which both sides use.
 type producer struct {
-	ctx       context.Context
-	out       chan<- item
-	pool      chan *chunkBuf
-	nbufs     int // buffers allocated so far, at most cap(pool)
-	chunk     int
-	mode      Compression
-	enc       *zstd.Encoder
-	auto      autoState
-	digest    contentDigest
-	st        Stats // counts and compression fields only
-	zeroBytes int64 // raw bytes of the chunks sent as zeros
+	ctx    context.Context
+	out    chan<- item
+	pool   chan *chunkBuf
+	nbufs  int // buffers allocated so far, at most cap(pool)
+	chunk  int
+	mode   Compression
+	enc    *zstd.Encoder
+	auto   autoState
+	digest contentDigest
+	st     Stats // counts and compression fields only
 }
 
 func newProducer(ctx context.Context, out chan<- item, opts SendOptions, enc *zstd.Encoder) *producer {
@@ -309,8 +308,8 @@ func (p *producer) fill(st *Stats) {
 	st.Specials, st.Hardlinks = p.st.Specials, p.st.Hardlinks
 	st.PayloadBytes = p.st.PayloadBytes
 	st.Chunks, st.CompressedChunks, st.ZeroChunks = p.st.Chunks, p.st.CompressedChunks, p.st.ZeroChunks
-	st.CompressedBytes = p.st.CompressedBytes
-	st.Compressed = 2*p.st.CompressedBytes > p.st.PayloadBytes-p.zeroBytes
+	st.CompressedBytes, st.ZeroBytes = p.st.CompressedBytes, p.st.ZeroBytes
+	st.Compressed = st.mostlyCompressed()
 	if p.mode == CompressAuto {
 		st.AutoNote = p.auto.String()
 	}
@@ -513,7 +512,7 @@ func (p *producer) sendChunk(b *chunkBuf, n int) error {
 	p.st.PayloadBytes += int64(n)
 	if isZero(data) {
 		p.st.ZeroChunks++
-		p.zeroBytes += int64(n)
+		p.st.ZeroBytes += int64(n)
 		p.digest.zeros(n)
 		putHeader(b.raw, kindData, flagZero, nil, n)
 		return p.send(item{frame: b.raw[:headerLen], buf: b})
