@@ -2,7 +2,7 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/edgehop/edgehop/internal/pki"
@@ -33,9 +34,15 @@ type Agent struct {
 	rt    *runc.Runtime
 	peers map[string]*api.Client // by peer name
 
-	mu         sync.Mutex            // guards containers and busy
+	mu         sync.Mutex            // guards containers, busy and ipReserved
 	containers map[string]*container // by name
 	busy       map[string]bool       // names with an operation in progress
+	ipReserved map[netip.Addr]string // addresses held for a container being created or received
+
+	runCtx  context.Context // the agent's lifetime; jobs run on it
+	journal *journal.Journal
+	jobs    jobs
+	metrics *agentMetrics
 
 	imgMu sync.Mutex // serialises image unpacking
 
@@ -56,9 +63,17 @@ func New(cfg Config) (*Agent, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	a := &Agent{cfg: cfg, log: log.With("node", cfg.Node), containers: map[string]*container{}, busy: map[string]bool{}, peers: map[string]*api.Client{}}
+	a := &Agent{cfg: cfg, log: log.With("node", cfg.Node), containers: map[string]*container{}, busy: map[string]bool{},
+		peers: map[string]*api.Client{}, runCtx: context.Background(), metrics: newAgentMetrics()}
 	for _, p := range cfg.Peers {
-		a.peers[p.Name] = api.NewTCPClient(p.API, &http.Client{Timeout: 5 * time.Second})
+		// The peer API is mutually authenticated: this node's
+		// certificate, and only p's certificate accepted from p.
+		tlsCfg, err := pki.ClientConfig(cfg.TLSDir, p.Name)
+		if err != nil {
+			return nil, fmt.Errorf("peer %s: tls: %w", p.Name, err)
+		}
+		a.peers[p.Name] = api.NewTCPClient(p.API, &http.Client{Timeout: 5 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConnsPerHost: 4}})
 	}
 	a.rt = &runc.Runtime{Binary: "runc", Root: filepath.Join(cfg.StateDir, "runc"), Log: a.log}
 	return a, nil
@@ -67,11 +82,17 @@ func New(cfg Config) (*Agent, error) {
 // Run sets up the node's overlay, serves the API until ctx is done, then
 // shuts down (containers keep running).
 func (a *Agent) Run(ctx context.Context) error {
+	a.runCtx = ctx
 	for _, d := range []string{a.cfg.StateDir, a.containersDir(), a.netnsDir(), a.imagesDir(), a.scratchDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return err
 		}
 	}
+	j, err := journal.Open(filepath.Join(a.cfg.StateDir, "journal"))
+	if err != nil {
+		return err
+	}
+	a.journal = j
 	// The masked directories are bound on restore to an empty read-only
 	// tmpfs instead of going through CRIU's tar (runc.ExternalMasks).
 	if !linux.IsMountPoint(a.maskDir()) {
@@ -109,50 +130,67 @@ func (a *Agent) Run(ctx context.Context) error {
 	if err := a.loadContainers(ctx); err != nil {
 		return err
 	}
+	// Migrations a crash interrupted: their services are claimed now, so
+	// nothing else touches them, and settled in the background.
+	pending, err := a.pendingRecoveries(ctx)
+	if err != nil {
+		return err
+	}
 	// Checkpoint images live in memory: tmpfs, mounted once per node.
 	if !linux.IsMountPoint(a.scratchDir()) {
 		if err := linux.MountTmpfs(a.scratchDir(), a.cfg.ScratchMB); err != nil {
 			return fmt.Errorf("scratch tmpfs: %w", err)
 		}
 	}
+	serverTLS, err := pki.ServerConfig(a.cfg.TLSDir)
+	if err != nil {
+		return fmt.Errorf("agent tls (%s): %w", a.cfg.TLSDir, err)
+	}
 	var ml *transfer.Listener
 	if a.cfg.Migrate != "" {
-		tlsCfg, err := pki.ServerConfig(a.cfg.TLSDir)
-		if err != nil {
-			return fmt.Errorf("migration tls (%s): %w", a.cfg.TLSDir, err)
-		}
-		if ml, err = transfer.Listen(ctx, a.cfg.Migrate, tlsCfg); err != nil {
+		if ml, err = transfer.Listen(ctx, a.cfg.Migrate, serverTLS); err != nil {
 			return fmt.Errorf("listen %s: %w", a.cfg.Migrate, err)
 		}
 		defer ml.Close()
 	}
 
+	// The operator API: the unix socket, root only.
 	_ = os.Remove(a.cfg.Socket)
 	ul, err := net.Listen("unix", a.cfg.Socket)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", a.cfg.Socket, err)
 	}
+	if err := os.Chmod(a.cfg.Socket, 0o600); err != nil {
+		ul.Close()
+		return fmt.Errorf("socket %s: %w", a.cfg.Socket, err)
+	}
+	// The peer API: mutually authenticated TLS only.
 	var tl net.Listener
 	if a.cfg.Listen != "" {
-		if tl, err = net.Listen("tcp", a.cfg.Listen); err != nil {
+		l, err := net.Listen("tcp", a.cfg.Listen)
+		if err != nil {
 			ul.Close()
 			return fmt.Errorf("listen %s: %w", a.cfg.Listen, err)
 		}
+		tl = tls.NewListener(l, serverTLS)
 	}
-	srv := &http.Server{Handler: a.handler(), ReadHeaderTimeout: 10 * time.Second}
+	opSrv := &http.Server{Handler: a.operatorHandler(), ReadHeaderTimeout: 10 * time.Second}
+	peerSrv := &http.Server{Handler: a.peerHandler(), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 2)
-	serve := func(l net.Listener) {
+	serve := func(srv *http.Server, l net.Listener) {
 		defer a.wg.Done()
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- err
 		}
 	}
 	a.wg.Add(1)
-	go serve(ul)
+	go serve(opSrv, ul)
 	if tl != nil {
 		a.wg.Add(1)
-		go serve(tl)
+		go serve(peerSrv, tl)
 	}
+	a.recoverAll(ctx, pending)
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.syncPeers(ctx) }()
 	if ml != nil {
@@ -170,7 +208,8 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
-	_ = srv.Shutdown(sctx)
+	_ = opSrv.Shutdown(sctx)
+	_ = peerSrv.Shutdown(sctx)
 	if ml != nil {
 		ml.Close()
 	}
@@ -289,12 +328,6 @@ func (a *Agent) endpoint(c *container) api.Endpoint {
 
 func (a *Agent) info() api.Info {
 	return api.Info{Node: a.cfg.Node, Role: a.cfg.Role, VTEP: a.cfg.VTEP.String(), API: a.cfg.Listen, Version: Version}
-}
-
-func writeJSON(w http.ResponseWriter, status int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
 }
 
 // forget drops an endpoint that a peer withdrew, unless it lives here.

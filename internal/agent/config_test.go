@@ -45,17 +45,17 @@ func TestConfigValidate(t *testing.T) {
 
 func TestPageServerTokens(t *testing.T) {
 	var p pageServers
-	tok := p.add("127.0.0.1:4000")
-	if err := p.check(transferRequest("127.0.0.1:4000", tok)); err != nil {
+	tok := p.add("127.0.0.1:4000", "node1")
+	if err := p.check(transferRequest("127.0.0.1:4000", tok), "node1"); err != nil {
 		t.Fatalf("own token refused: %v", err)
 	}
-	for _, r := range [][2]string{{"127.0.0.1:4001", tok}, {"127.0.0.1:4000", "forged"}} {
-		if err := p.check(transferRequest(r[0], r[1])); err == nil {
-			t.Errorf("tunnel to %s with token %q allowed", r[0], r[1])
+	for _, r := range [][3]string{{"127.0.0.1:4001", tok, "node1"}, {"127.0.0.1:4000", "forged", "node1"}, {"127.0.0.1:4000", tok, "node2"}} {
+		if err := p.check(transferRequest(r[0], r[1]), r[2]); err == nil {
+			t.Errorf("tunnel to %s with token %q from %s allowed", r[0], r[1], r[2])
 		}
 	}
 	p.remove(tok)
-	if err := p.check(transferRequest("127.0.0.1:4000", tok)); err == nil {
+	if err := p.check(transferRequest("127.0.0.1:4000", tok), "node1"); err == nil {
 		t.Error("removed token still allowed")
 	}
 }

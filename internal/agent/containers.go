@@ -53,9 +53,11 @@ var containerNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 
 // Errors the API maps to status codes.
 var (
-	ErrNotFound = errors.New("not found")
-	ErrConflict = errors.New("conflict")
-	ErrInvalid  = errors.New("invalid")
+	ErrNotFound    = errors.New("not found")
+	ErrConflict    = errors.New("conflict")
+	ErrInvalid     = errors.New("invalid")
+	ErrForbidden   = errors.New("forbidden")
+	ErrUnavailable = errors.New("unavailable")
 )
 
 func (a *Agent) containersDir() string     { return filepath.Join(a.cfg.StateDir, "containers") }
@@ -117,47 +119,88 @@ func (a *Agent) release(name string) {
 }
 
 // allocIP picks the lowest free address of the node's range, avoiding
-// local containers and every MAC the overlay knows elsewhere.
-func (a *Agent) allocIP() (netip.Addr, error) {
-	used := map[netip.Addr]bool{a.cfg.Gateway: true}
-	a.mu.Lock()
-	for _, c := range a.containers {
-		if ip, err := netip.ParseAddr(c.meta.IP); err == nil {
-			used[ip] = true
-		}
-	}
-	a.mu.Unlock()
+// local containers, reservations and every MAC the overlay knows
+// elsewhere, and reserves it for name until the returned release.
+func (a *Agent) allocIP(name string) (netip.Addr, func(), error) {
 	remote, _ := a.plane.Remotes()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	ip := a.cfg.Range.Masked().Addr().Next()
 	for ; a.cfg.Range.Contains(ip); ip = ip.Next() {
-		if ip.As4()[3] == 0 || ip.As4()[3] == 255 || used[ip] {
+		if ip.As4()[3] == 0 || ip.As4()[3] == 255 || ip == a.cfg.Gateway {
 			continue
 		}
 		if _, elsewhere := remote[netplane.MACFor(ip).String()]; elsewhere {
 			continue
 		}
-		return ip, nil
+		if a.ipUserLocked(ip) == "" {
+			return ip, a.reserveLocked(ip, name), nil
+		}
 	}
-	return netip.Addr{}, fmt.Errorf("no free address left in %v", a.cfg.Range)
+	return netip.Addr{}, nil, fmt.Errorf("no free address left in %v", a.cfg.Range)
 }
 
-func (a *Agent) checkIP(ip netip.Addr) error {
-	if !a.cfg.Overlay.Contains(ip) || ip == a.cfg.Gateway || ip == a.cfg.Overlay.Masked().Addr() {
-		return fmt.Errorf("%w: address %v is not a usable address of the overlay %v", ErrInvalid, ip, a.cfg.Overlay)
+// reserveIP checks that ip is a usable overlay address nobody else uses
+// and reserves it for name until the returned release, atomically with
+// the check. from names the node whose VTEP may hold the address now (a
+// migration's source); "" when none may.
+func (a *Agent) reserveIP(ip netip.Addr, name, from string) (func(), error) {
+	if !a.cfg.Overlay.Contains(ip) || ip == a.cfg.Gateway || ip == a.cfg.Overlay.Masked().Addr() || ip == netipBroadcast(a.cfg.Overlay) {
+		return nil, fmt.Errorf("%w: address %v is not a usable address of the overlay %v", ErrInvalid, ip, a.cfg.Overlay)
 	}
+	remote, _ := a.plane.Remotes()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if user := a.ipUserLocked(ip); user != "" && user != name {
+		return nil, fmt.Errorf("%w: address %v is used by container %q", ErrConflict, ip, user)
+	}
+	if vtep, ok := remote[netplane.MACFor(ip).String()]; ok {
+		allowed := false
+		for _, p := range a.cfg.Peers {
+			if p.Name == from && p.VTEP == vtep {
+				allowed = true
+			}
+		}
+		if !allowed {
+			return nil, fmt.Errorf("%w: address %v is used on the node at %v", ErrConflict, ip, vtep)
+		}
+	}
+	return a.reserveLocked(ip, name), nil
+}
+
+// ipUserLocked is the container using or reserving ip, "" if none.
+func (a *Agent) ipUserLocked(ip netip.Addr) string {
+	if n, ok := a.ipReserved[ip]; ok {
+		return n
+	}
 	for _, c := range a.containers {
 		if c.meta.IP == ip.String() {
-			return fmt.Errorf("%w: address %v is used by container %q", ErrConflict, ip, c.meta.Name)
+			return c.meta.Name
 		}
 	}
-	if remote, _ := a.plane.Remotes(); remote != nil {
-		if vtep, ok := remote[netplane.MACFor(ip).String()]; ok {
-			return fmt.Errorf("%w: address %v is used on the node at %v", ErrConflict, ip, vtep)
-		}
+	return ""
+}
+
+func (a *Agent) reserveLocked(ip netip.Addr, name string) func() {
+	if a.ipReserved == nil {
+		a.ipReserved = map[netip.Addr]string{}
 	}
-	return nil
+	a.ipReserved[ip] = name
+	return func() {
+		a.mu.Lock()
+		if a.ipReserved[ip] == name {
+			delete(a.ipReserved, ip)
+		}
+		a.mu.Unlock()
+	}
+}
+
+func netipBroadcast(p netip.Prefix) netip.Addr {
+	b := p.Masked().Addr().As4()
+	host := 32 - p.Bits()
+	v := uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])
+	v |= (1 << host) - 1
+	return netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
 }
 
 // unpackImage makes sure the image is unpacked in this node's own store
@@ -234,16 +277,18 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	defer a.release(r.Name)
 
 	var ip netip.Addr
+	var unreserve func()
 	if r.IP != "" {
 		if ip, err = netip.ParseAddr(r.IP); err != nil {
 			return api.Container{}, fmt.Errorf("%w: address %q: %v", ErrInvalid, r.IP, err)
 		}
-		if err := a.checkIP(ip); err != nil {
+		if unreserve, err = a.reserveIP(ip, r.Name, ""); err != nil {
 			return api.Container{}, err
 		}
-	} else if ip, err = a.allocIP(); err != nil {
+	} else if ip, unreserve, err = a.allocIP(r.Name); err != nil {
 		return api.Container{}, err
 	}
+	defer unreserve() // the table holds the address once the container is in it
 	lower, icfg, digest, err := a.unpackImage(ctx, r.Image)
 	if err != nil {
 		return api.Container{}, err
@@ -451,8 +496,7 @@ func (a *Agent) loadContainers(ctx context.Context) error {
 			continue
 		}
 		if m.Incoming {
-			a.log.Info("discarding uncommitted incoming migration", "container", m.Name)
-			_ = a.destroy(ctx, m.Name)
+			// Settled by the journal (pendingRecoveries).
 			continue
 		}
 		a.containers[m.Name] = &container{meta: m}

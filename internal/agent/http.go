@@ -1,22 +1,39 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/netip"
 	"os"
 	"path/filepath"
-
-	"github.com/edgehop/edgehop/internal/migration"
+	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/pki"
 )
 
-// handler routes the agent API. Errors become {"error","code"} bodies here
-// and only here.
-func (a *Agent) handler() http.Handler {
+// The agent serves two APIs, and never one on the other's listener:
+//
+//   - the operator API (operatorHandler): containers, migration jobs,
+//     logs, metrics. On the unix socket (mode 0600, so root only) and,
+//     with an operator certificate, over mutually authenticated TLS.
+//   - the peer API (peerHandler): endpoints, FDB announcements, journal
+//     phases. Only over mutually authenticated TLS, only for the
+//     configured peers named by their certificates.
+//
+// Errors become {"error","code"} bodies here and only here.
+
+// operatorHandler routes the operator API.
+func (a *Agent) operatorHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.info())
@@ -67,88 +84,350 @@ func (a *Agent) handler() http.Handler {
 		w.Header().Set("Content-Type", "text/plain")
 		_, _ = io.Copy(w, f)
 	})
-	mux.HandleFunc("POST /v1/containers/{name}/migrate", func(w http.ResponseWriter, r *http.Request) {
-		var req migration.Request
+	mux.HandleFunc("POST /v1/migrations", func(w http.ResponseWriter, r *http.Request) {
+		var req api.StartMigration
 		if err := decode(r, &req); err != nil {
 			writeErr(w, err)
 			return
 		}
-		s, err := migration.ParseStrategy(string(req.Strategy))
+		s, err := migration.ParseStrategy(req.Strategy)
 		if err != nil {
 			writeErr(w, fmt.Errorf("%w: %v", ErrInvalid, err))
 			return
 		}
-		req.Strategy = s
-		res, err := a.Migrate(r.Context(), r.PathValue("name"), req)
-		if err != nil && res.Started.IsZero() {
+		j, err := a.StartMigration(req.Container, migration.Request{To: req.To, Strategy: s, Rounds: req.Rounds,
+			Compression: req.Compression, LinkBps: req.LinkBps, MaxFrozenMs: req.MaxFrozenMs})
+		if err != nil {
 			writeErr(w, err)
 			return
 		}
-		// A migration that started reports its outcome (also a failure,
-		// with the reason and whether the service was rolled back) as a
-		// result; only requests refused before starting are HTTP errors.
-		if err != nil && res.Error == "" {
-			res.Error = err.Error()
-		}
-		writeJSON(w, http.StatusOK, res)
+		snap, _, _ := j.snapshot(a.cfg.Node)
+		writeJSON(w, http.StatusAccepted, snap)
 	})
 	mux.HandleFunc("GET /v1/migrations", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/x-ndjson")
-		f, err := os.Open(filepath.Join(a.cfg.StateDir, "migrations.jsonl"))
+		writeJSON(w, http.StatusOK, a.Jobs())
+	})
+	mux.HandleFunc("GET /v1/migrations/{id}", func(w http.ResponseWriter, r *http.Request) {
+		j, err := a.Job(r.PathValue("id"))
 		if err != nil {
+			writeErr(w, err)
 			return
 		}
-		defer f.Close()
-		_, _ = io.Copy(w, f)
+		writeJSON(w, http.StatusOK, j)
+	})
+	mux.HandleFunc("GET /v1/migrations/{id}/events", func(w http.ResponseWriter, r *http.Request) {
+		a.streamJob(w, r, r.PathValue("id"))
+	})
+	mux.HandleFunc("DELETE /v1/migrations/{id}", func(w http.ResponseWriter, r *http.Request) {
+		j := a.jobs.get(r.PathValue("id"))
+		if j == nil {
+			writeErr(w, fmt.Errorf("%w: no running migration %q on %s", ErrNotFound, r.PathValue("id"), a.cfg.Node))
+			return
+		}
+		if j.role != migration.RoleSource {
+			writeErr(w, fmt.Errorf("%w: migration %s is cancelled on its source, %s", ErrConflict, j.id, j.from))
+			return
+		}
+		if err := j.requestCancel(); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusAccepted)
 	})
 	mux.HandleFunc("GET /v1/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.Endpoints())
 	})
-	mux.HandleFunc("PUT /v1/fdb", func(w http.ResponseWriter, r *http.Request) {
-		var e api.Endpoint
-		if err := decode(r, &e); err != nil {
-			writeErr(w, err)
-			return
-		}
-		if err := a.learn(e); err != nil {
-			writeErr(w, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
-	mux.HandleFunc("DELETE /v1/fdb", func(w http.ResponseWriter, r *http.Request) {
-		var e api.Endpoint
-		if err := decode(r, &e); err != nil {
-			writeErr(w, err)
-			return
-		}
-		if err := a.forget(e); err != nil {
-			writeErr(w, err)
-			return
-		}
-		w.WriteHeader(http.StatusNoContent)
-	})
+	mux.Handle("GET /metrics", a.metrics.handler())
 	return mux
 }
 
+// peerHandler routes the peer API. Every request comes over mutually
+// authenticated TLS from a configured peer (peerOnly).
+func (a *Agent) peerHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.info())
+	})
+	mux.HandleFunc("GET /v1/endpoints", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, a.Endpoints())
+	})
+	fdb := func(learn func(api.Endpoint) error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			var e api.Endpoint
+			if err := decode(r, &e); err != nil {
+				writeErr(w, err)
+				return
+			}
+			if err := a.checkAnnouncement(peerOf(r.Context()), e); err != nil {
+				writeErr(w, err)
+				return
+			}
+			if err := learn(e); err != nil {
+				writeErr(w, err)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}
+	mux.HandleFunc("PUT /v1/fdb", fdb(a.learn))
+	mux.HandleFunc("DELETE /v1/fdb", fdb(a.forget))
+	mux.HandleFunc("GET /v1/peer/migrations/{id}", func(w http.ResponseWriter, r *http.Request) {
+		rec, err := a.journal.Get(r.PathValue("id"))
+		if err != nil {
+			writeErr(w, fmt.Errorf("%w: %v", ErrNotFound, err))
+			return
+		}
+		// Only the other side of the migration may ask.
+		if rec.Peer != peerOf(r.Context()).Name {
+			writeErr(w, fmt.Errorf("%w: migration %s is not %s's", ErrForbidden, rec.ID, peerOf(r.Context()).Name))
+			return
+		}
+		writeJSON(w, http.StatusOK, api.PeerPhase{ID: rec.ID, Role: string(rec.Role), Phase: string(rec.Phase)})
+	})
+	return a.peerOnly(mux)
+}
+
+type peerKey struct{}
+
+func peerOf(ctx context.Context) Peer {
+	p, _ := ctx.Value(peerKey{}).(Peer)
+	return p
+}
+
+// peerOnly admits requests whose verified client certificate names a
+// configured peer.
+func (a *Agent) peerOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil {
+			writeErr(w, fmt.Errorf("%w: the peer API needs mutually authenticated TLS", ErrForbidden))
+			return
+		}
+		name, err := pki.PeerName(*r.TLS)
+		if err != nil {
+			writeErr(w, fmt.Errorf("%w: %v", ErrForbidden, err))
+			return
+		}
+		for _, p := range a.cfg.Peers {
+			if p.Name == name {
+				next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), peerKey{}, p)))
+				return
+			}
+		}
+		writeErr(w, fmt.Errorf("%w: %q is not a configured peer of %s", ErrForbidden, name, a.cfg.Node))
+	})
+}
+
+// checkAnnouncement accepts an endpoint announcement or withdrawal only
+// from the node it names, for that node's own VTEP, with a MAC that is the
+// one derived from an overlay address.
+func (a *Agent) checkAnnouncement(from Peer, e api.Endpoint) error {
+	if from.Migrate == "" {
+		return fmt.Errorf("%w: %s runs no containers and announces none", ErrForbidden, from.Name)
+	}
+	if e.Node != from.Name {
+		return fmt.Errorf("%w: %s announced an endpoint of node %q", ErrForbidden, from.Name, e.Node)
+	}
+	if e.VTEP != from.VTEP.String() {
+		return fmt.Errorf("%w: %s announced VTEP %q, its own is %s", ErrForbidden, from.Name, e.VTEP, from.VTEP)
+	}
+	if !containerNameRE.MatchString(e.Name) {
+		return fmt.Errorf("%w: endpoint name %q", ErrInvalid, e.Name)
+	}
+	ip, err := netip.ParseAddr(e.IP)
+	if err != nil || !a.cfg.Overlay.Contains(ip) || ip == a.cfg.Gateway {
+		return fmt.Errorf("%w: endpoint address %q is not a service address of the overlay %v", ErrInvalid, e.IP, a.cfg.Overlay)
+	}
+	if want := netplane.MACFor(ip).String(); e.MAC != want {
+		return fmt.Errorf("%w: endpoint MAC %q is not %s's (%s)", ErrInvalid, e.MAC, e.IP, want)
+	}
+	return nil
+}
+
+// Jobs lists this node's migration jobs: those it remembers, then the
+// older ones of its history.
+func (a *Agent) Jobs() []api.Job {
+	seen := map[string]bool{}
+	var out []api.Job
+	for _, j := range a.jobs.all() {
+		s, _, _ := j.snapshot(a.cfg.Node)
+		seen[s.ID] = true
+		out = append(out, s)
+	}
+	var hist []api.Job
+	_ = a.history(func(r migration.Result) bool {
+		if r.ID != "" && !seen[r.ID] {
+			hist = append(hist, jobOfResult(a.cfg.Node, r))
+			seen[r.ID] = true
+		}
+		return true
+	})
+	return append(hist, out...)
+}
+
+// Job describes one migration job, running or from the history.
+func (a *Agent) Job(id string) (api.Job, error) {
+	if j := a.jobs.get(id); j != nil {
+		s, _, _ := j.snapshot(a.cfg.Node)
+		return s, nil
+	}
+	var found *api.Job
+	_ = a.history(func(r migration.Result) bool {
+		if r.ID == id {
+			j := jobOfResult(a.cfg.Node, r)
+			found = &j
+			return false
+		}
+		return true
+	})
+	if found != nil {
+		return *found, nil
+	}
+	if rec, err := a.journal.Get(id); err == nil && !rec.Phase.Final() {
+		// Journaled but not yet settled (an agent that restarted is
+		// settling it).
+		return api.Job{ID: id, Role: string(rec.Role), Container: rec.Container, Strategy: string(rec.Strategy),
+			Node: a.cfg.Node, State: "running", Started: rec.Started, Progress: &api.Progress{Time: rec.Updated, Phase: string(rec.Phase)}}, nil
+	}
+	return api.Job{}, fmt.Errorf("%w: no migration %q on %s", ErrNotFound, id, a.cfg.Node)
+}
+
+func jobOfResult(node string, r migration.Result) api.Job {
+	state := string(r.Outcome)
+	if state == "" { // recorded before outcomes were
+		state = "failed"
+		if r.OK {
+			state = string(migration.OutcomeOK)
+		} else if r.RolledBack {
+			state = string(migration.OutcomeRolledBack)
+		}
+	}
+	b, _ := json.Marshal(r)
+	return api.Job{ID: r.ID, Role: string(migration.RoleSource), Container: r.Container, From: r.From, To: r.To,
+		Strategy: string(r.Strategy), Node: node, State: state, Started: r.Started, Result: b}
+}
+
+// streamJob writes a job's progress as NDJSON until it ends, then the job.
+func (a *Agent) streamJob(w http.ResponseWriter, r *http.Request, id string) {
+	j := a.jobs.get(id)
+	if j == nil {
+		done, err := a.Job(id)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		if done.State == "running" {
+			// Journaled, being settled after a restart: no live job to
+			// follow here; the client asks again.
+			writeErr(w, fmt.Errorf("%w: migration %s is being settled after a restart", ErrUnavailable, id))
+			return
+		}
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		_ = json.NewEncoder(w).Encode(api.JobEvent{Done: &done})
+		return
+	}
+	w.Header().Set("Content-Type", "application/x-ndjson")
+	w.WriteHeader(http.StatusOK)
+	fl, _ := w.(http.Flusher)
+	enc := json.NewEncoder(w)
+	var last api.Progress
+	for {
+		snap, ended, changed := j.snapshot(a.cfg.Node)
+		if snap.Progress != nil && *snap.Progress != last {
+			last = *snap.Progress
+			if err := enc.Encode(api.JobEvent{Progress: snap.Progress}); err != nil {
+				return
+			}
+		}
+		if ended {
+			_ = enc.Encode(api.JobEvent{Done: &snap})
+			return
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+		select {
+		case <-r.Context().Done():
+			return
+		case <-changed:
+			// At most ten progress lines a second.
+			select {
+			case <-time.After(100 * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}
+}
+
+// history calls fn with each recorded result, oldest first, until fn
+// returns false.
+func (a *Agent) history(fn func(migration.Result) bool) error {
+	f, err := os.Open(filepath.Join(a.cfg.StateDir, "migrations.jsonl"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		var r migration.Result
+		if json.Unmarshal(sc.Bytes(), &r) != nil {
+			continue
+		}
+		if !fn(r) {
+			return nil
+		}
+	}
+	return sc.Err()
+}
+
+// maxRequestBytes bounds a request body.
+const maxRequestBytes = 1 << 20
+
 func decode(r *http.Request, v any) error {
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	b, err := io.ReadAll(io.LimitReader(r.Body, maxRequestBytes+1))
+	if err != nil {
+		return fmt.Errorf("%w: request body: %v", ErrInvalid, err)
+	}
+	return decodeStrict(b, v)
+}
+
+// decodeStrict decodes exactly one JSON value of at most maxRequestBytes
+// with no unknown fields.
+func decodeStrict(b []byte, v any) error {
+	if len(b) > maxRequestBytes {
+		return fmt.Errorf("%w: request body larger than %d bytes", ErrInvalid, maxRequestBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
 		return fmt.Errorf("%w: request body: %v", ErrInvalid, err)
 	}
+	if dec.More() {
+		return fmt.Errorf("%w: request body: data after the JSON value", ErrInvalid)
+	}
 	return nil
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
 }
 
 func writeErr(w http.ResponseWriter, err error) {
 	status, code := http.StatusInternalServerError, "internal"
 	switch {
-	case errors.Is(err, ErrNotFound):
+	case errors.Is(err, ErrNotFound), errors.Is(err, journal.ErrNotFound):
 		status, code = http.StatusNotFound, "not_found"
 	case errors.Is(err, ErrConflict):
 		status, code = http.StatusConflict, "conflict"
 	case errors.Is(err, ErrInvalid):
 		status, code = http.StatusBadRequest, "invalid"
+	case errors.Is(err, ErrForbidden):
+		status, code = http.StatusForbidden, "forbidden"
+	case errors.Is(err, ErrUnavailable):
+		status, code = http.StatusServiceUnavailable, "unavailable"
 	}
 	writeJSON(w, status, api.Error{Code: code, Message: err.Error()})
 }

@@ -19,9 +19,15 @@ import (
 // pageServers are the lazy page servers this node serves for outgoing
 // post-copy migrations, by one-time token.
 type pageServers struct {
-	mu     sync.Mutex        // guards target and moved
-	target map[string]string // token -> loopback host:port
-	moved  map[string]int64  // token -> bytes through its ended tunnels
+	mu     sync.Mutex           // guards target and moved
+	target map[string]pageGrant // by token
+	moved  map[string]int64     // token -> bytes through its ended tunnels
+}
+
+// pageGrant is what one token opens: a loopback page server, for one node.
+type pageGrant struct {
+	addr string // loopback host:port
+	node string // the destination allowed to reach it
 }
 
 // addMoved records the bytes a tunnel opened with tok carried.
@@ -49,16 +55,18 @@ func (p *pageServers) movedBytes(tok string, wait time.Duration) int64 {
 	}
 }
 
-func (p *pageServers) add(target string) string {
+// add grants node a tunnel to the page server at target and returns the
+// token that opens it.
+func (p *pageServers) add(target, node string) string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
 	tok := hex.EncodeToString(b)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.target == nil {
-		p.target = map[string]string{}
+		p.target = map[string]pageGrant{}
 	}
-	p.target[tok] = target
+	p.target[tok] = pageGrant{addr: target, node: node}
 	return tok
 }
 
@@ -70,19 +78,19 @@ func (p *pageServers) remove(tok string) {
 }
 
 // check authorises a tunnel request: only to a page server this node
-// opened, with its token.
-func (p *pageServers) check(r transfer.TunnelRequest) error {
+// opened, with its token, from the node it was opened for.
+func (p *pageServers) check(r transfer.TunnelRequest, from string) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if t, ok := p.target[r.Token]; !ok || t != r.Target {
-		return fmt.Errorf("no page server %s for this token", r.Target)
+	if t, ok := p.target[r.Token]; !ok || t.addr != r.Target || t.node != from {
+		return fmt.Errorf("no page server %s for this token and node %s", r.Target, from)
 	}
 	return nil
 }
 
 // serveTunnel answers a destination's tunnel to one of our page servers.
 func (a *Agent) serveTunnel(ctx context.Context, conn *transfer.Conn, body json.RawMessage) error {
-	st, err := conn.ServeTunnel(ctx, body, a.pages.check)
+	st, err := conn.ServeTunnel(ctx, body, func(r transfer.TunnelRequest) error { return a.pages.check(r, conn.Peer()) })
 	var req transfer.TunnelRequest
 	if json.Unmarshal(body, &req) == nil && err == nil {
 		a.pages.addMoved(req.Token, st.ToTarget+st.FromTarget)

@@ -1,6 +1,7 @@
 package api
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -58,7 +59,7 @@ type Info struct {
 
 // Error is the body of every non-2xx response.
 type Error struct {
-	Code    string `json:"code"` // not_found, conflict, invalid, unavailable, internal
+	Code    string `json:"code"` // not_found, conflict, invalid, forbidden, unavailable, internal
 	Message string `json:"error"`
 }
 
@@ -70,6 +71,7 @@ var (
 	ErrConflict    = errors.New("conflict")
 	ErrInvalid     = errors.New("invalid request")
 	ErrUnavailable = errors.New("unavailable")
+	ErrForbidden   = errors.New("forbidden")
 )
 
 // Is maps codes to the sentinels.
@@ -83,6 +85,8 @@ func (e *Error) Is(target error) bool {
 		return target == ErrInvalid
 	case "unavailable":
 		return target == ErrUnavailable
+	case "forbidden":
+		return target == ErrForbidden
 	}
 	return false
 }
@@ -146,12 +150,7 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode/100 != 2 {
-		var e Error
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-		if json.Unmarshal(b, &e) != nil || e.Message == "" {
-			e = Error{Code: "internal", Message: fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))}
-		}
-		return &e
+		return errorOf(resp)
 	}
 	if out == nil {
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -162,6 +161,16 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		return err
 	}
 	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// errorOf reads a non-2xx answer's {"error","code"} body.
+func errorOf(resp *http.Response) *Error {
+	var e Error
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if json.Unmarshal(b, &e) != nil || e.Message == "" {
+		e = Error{Code: "internal", Message: fmt.Sprintf("agent answered %s: %s", resp.Status, bytes.TrimSpace(b))}
+	}
+	return &e
 }
 
 // Info returns the agent's identity.
@@ -223,11 +232,185 @@ type MigrateRequest struct {
 	// rate that auto weighs compression against.
 	Compression string `json:"compression,omitempty"`
 	LinkBps     int64  `json:"link_bps,omitempty"`
+	// MaxFrozenMs bounds the frozen window: past it the service is rolled
+	// back on the source; 0 lets the agent choose from the state's size.
+	MaxFrozenMs int64 `json:"max_frozen_ms,omitempty"`
 }
 
-// Migrate asks the agent hosting name to move it; out receives the
-// migration's result (also on a failed migration, whose error is returned
-// beside it).
-func (c *Client) Migrate(ctx context.Context, name string, r MigrateRequest, out any) error {
-	return c.Do(ctx, http.MethodPost, "/v1/containers/"+url.PathEscape(name)+"/migrate", r, out)
+// Migrate moves container name (on this client's agent) and waits for
+// the outcome: StartMigration, then FollowJob. out receives the
+// migration's result (also of a failed migration, whose error is then in
+// it); progress, when not nil, receives every progress event.
+func (c *Client) Migrate(ctx context.Context, name string, r MigrateRequest, out any, progress ...func(Progress)) error {
+	j, err := c.StartMigration(ctx, name, r)
+	if err != nil {
+		return err
+	}
+	var fn func(Progress)
+	if len(progress) > 0 {
+		fn = progress[0]
+	}
+	j, err = c.FollowJob(ctx, j.ID, fn)
+	if err != nil {
+		return err
+	}
+	if out != nil && len(j.Result) > 0 {
+		return json.Unmarshal(j.Result, out)
+	}
+	return nil
+}
+
+// StartMigration starts moving container name; the agent owns the job
+// from then on (it goes on when the caller goes away).
+func (c *Client) StartMigration(ctx context.Context, name string, r MigrateRequest) (Job, error) {
+	var j Job
+	return j, c.Do(ctx, http.MethodPost, "/v1/migrations", StartMigration{Container: name, MigrateRequest: r}, &j)
+}
+
+// Job returns one migration job, running or ended.
+func (c *Client) Job(ctx context.Context, id string) (Job, error) {
+	var j Job
+	return j, c.Do(ctx, http.MethodGet, "/v1/migrations/"+url.PathEscape(id), nil, &j)
+}
+
+// Jobs lists the node's running and past migration jobs.
+func (c *Client) Jobs(ctx context.Context) ([]Job, error) {
+	var js []Job
+	return js, c.Do(ctx, http.MethodGet, "/v1/migrations", nil, &js)
+}
+
+// CancelJob cancels a job before its freeze; past it the agent refuses
+// (ErrConflict).
+func (c *Client) CancelJob(ctx context.Context, id string) error {
+	return c.Do(ctx, http.MethodDelete, "/v1/migrations/"+url.PathEscape(id), nil, nil)
+}
+
+// FollowJob streams job id's progress to fn until the job ends and returns
+// it as it ended. When the stream breaks (the agent restarted) it asks
+// again until the job is over or ctx ends: a restarted agent settles its
+// jobs from its journal.
+func (c *Client) FollowJob(ctx context.Context, id string, fn func(Progress)) (Job, error) {
+	for {
+		var done *Job
+		err := c.stream(ctx, "/v1/migrations/"+url.PathEscape(id)+"/events", func(line []byte) error {
+			var ev JobEvent
+			if err := json.Unmarshal(line, &ev); err != nil {
+				return fmt.Errorf("job %s: bad event: %w", id, err)
+			}
+			if ev.Progress != nil && fn != nil {
+				fn(*ev.Progress)
+			}
+			if ev.Done != nil {
+				done = ev.Done
+			}
+			return nil
+		})
+		if done != nil {
+			return *done, nil
+		}
+		if err != nil && !errors.Is(err, ErrUnavailable) && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return Job{}, err
+		}
+		select {
+		case <-ctx.Done():
+			return Job{}, fmt.Errorf("job %s: %w", id, ctx.Err())
+		case <-time.After(250 * time.Millisecond):
+		}
+	}
+}
+
+// stream GETs path and calls fn with every line of the answer.
+func (c *Client) stream(ctx context.Context, path string, fn func([]byte) error) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: agent at %s unreachable (%v)", ErrUnavailable, c.addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode/100 != 2 {
+		return errorOf(resp)
+	}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 4<<20)
+	for sc.Scan() {
+		if len(bytes.TrimSpace(sc.Bytes())) == 0 {
+			continue
+		}
+		if err := fn(sc.Bytes()); err != nil {
+			return err
+		}
+	}
+	if err := sc.Err(); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("%w: stream from %s broke: %v", ErrUnavailable, c.addr, err)
+	}
+	return io.ErrUnexpectedEOF // the stream ends only after the job's end
+}
+
+// PeerPhase asks a peer agent what its journal says about migration id
+// (peer API).
+func (c *Client) PeerPhase(ctx context.Context, id string) (PeerPhase, error) {
+	var p PeerPhase
+	return p, c.Do(ctx, http.MethodGet, "/v1/peer/migrations/"+url.PathEscape(id), nil, &p)
+}
+
+// StartMigration asks a node's agent to move one of its containers: a job
+// the agent owns from then on.
+type StartMigration struct {
+	Container string `json:"container"`
+	MigrateRequest
+}
+
+// Progress is one progress event of a migration job.
+type Progress struct {
+	Time  time.Time `json:"time"`
+	Phase string    `json:"phase"`          // the journaled phase (migration.Phase)
+	Step  string    `json:"step,omitempty"` // the action under way
+	// BytesSent counts what went on the wire so far; BytesTotal is the
+	// estimated state to move (memory + writable layer), BytesLeft the
+	// estimate of what remains; RateBps the recent send rate in bit/s.
+	BytesSent  int64   `json:"bytes_sent"`
+	BytesTotal int64   `json:"bytes_total,omitempty"`
+	BytesLeft  int64   `json:"bytes_left"`
+	RateBps    float64 `json:"rate_bps"`
+	ETASeconds float64 `json:"eta_s,omitempty"`
+}
+
+// Job describes a migration job on the node that runs it.
+type Job struct {
+	ID        string    `json:"id"`
+	Role      string    `json:"role"` // source or destination
+	Container string    `json:"container"`
+	From      string    `json:"from"`
+	To        string    `json:"to"`
+	Strategy  string    `json:"strategy"`
+	Node      string    `json:"node"`  // the node answering
+	State     string    `json:"state"` // running, or the outcome: ok, aborted, rolled-back, lost, undecided
+	Started   time.Time `json:"started"`
+	Progress  *Progress `json:"progress,omitempty"`
+	// Result is the migration's result once it ended (source side).
+	Result json.RawMessage `json:"result,omitempty"`
+}
+
+// JobEvent is one line of a job's event stream: progress, then the job as
+// it ended.
+type JobEvent struct {
+	Progress *Progress `json:"progress,omitempty"`
+	Done     *Job      `json:"done,omitempty"`
+}
+
+// PeerPhase is what an agent's journal says about a migration, for the
+// other side of it.
+type PeerPhase struct {
+	ID    string `json:"id"`
+	Role  string `json:"role"`
+	Phase string `json:"phase"`
 }

@@ -38,3 +38,30 @@ func WriteFileAtomic(path string, data []byte, perm os.FileMode) error {
 	}
 	return nil
 }
+
+// WriteFileDurable is WriteFileAtomic that also survives a crash of the
+// machine: after the rename the directory is fsynced, so the new name is
+// on disk before it returns.
+func WriteFileDurable(path string, data []byte, perm os.FileMode) error {
+	if err := WriteFileAtomic(path, data, perm); err != nil {
+		return err
+	}
+	return SyncDir(filepath.Dir(path))
+}
+
+// SyncDir fsyncs a directory, making the entries created, renamed or
+// removed in it durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	err = d.Sync()
+	if cerr := d.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}

@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -144,4 +145,30 @@ func lgetxattr(path, name string) ([]byte, error) {
 		}
 		return buf[:n], nil
 	}
+}
+
+// SetTCPUserTimeout bounds how long data the connection sent may stay
+// unacknowledged (TCP_USER_TIMEOUT) before the kernel gives the connection
+// up: a dead peer or a cut link fails reads and writes then, instead of
+// after the kernel's retransmission limit (about 15 minutes).
+func SetTCPUserTimeout(c syscallConn, d time.Duration) error {
+	rc, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var serr error
+	if err := rc.Control(func(fd uintptr) {
+		serr = unix.SetsockoptInt(int(fd), unix.IPPROTO_TCP, unix.TCP_USER_TIMEOUT, int(d.Milliseconds()))
+	}); err != nil {
+		return err
+	}
+	if serr != nil {
+		return fmt.Errorf("TCP_USER_TIMEOUT: %w", serr)
+	}
+	return nil
+}
+
+// syscallConn is a connection with a file descriptor (*net.TCPConn).
+type syscallConn interface {
+	SyscallConn() (syscall.RawConn, error)
 }

@@ -70,6 +70,23 @@ type Request struct {
 	// LinkBps is the bit rate of the path to the destination, for
 	// auto compression; 0 assumes 1 Gbit/s.
 	LinkBps int64 `json:"link_bps,omitempty"`
+	// MaxFrozenMs bounds the frozen window: when it runs out before the
+	// commit the service is rolled back on the source. 0 means
+	// FrozenBudget's default for the state's size.
+	MaxFrozenMs int64 `json:"max_frozen_ms,omitempty"`
+}
+
+// FrozenBudget is the default bound of the frozen window for stateBytes
+// over a link of linkBps (0: 1 Gbit/s): twice the transfer time at line
+// rate plus the restore's own deadline. A probe gets 30 s, 1.2 GB about
+// 85 s; a cut link or a hung peer then costs that much downtime, not the
+// caller's patience.
+func FrozenBudget(stateBytes, linkBps int64) time.Duration {
+	if linkBps <= 0 {
+		linkBps = 1_000_000_000
+	}
+	transfer := time.Duration(float64(max(stateBytes, 0)) * 8 / float64(linkBps) * float64(time.Second))
+	return 2*transfer + RestoreDeadline(stateBytes)
 }
 
 // DefaultRounds caps live rounds when the request does not.
@@ -117,6 +134,7 @@ type Round struct {
 
 // Result is what a migration recorded.
 type Result struct {
+	ID           string             `json:"id"`
 	Container    string             `json:"container"`
 	From         string             `json:"from"`
 	To           string             `json:"to"`
@@ -137,9 +155,12 @@ type Result struct {
 	CRIU            map[string]float64 `json:"criu,omitempty"`
 	// Destination is the destination's own account of its part of the
 	// frozen window; nil when it never restored.
-	Destination *Restored `json:"destination,omitempty"`
-	Precopy     *Precopy  `json:"precopy,omitempty"`
-	Started     time.Time `json:"started"`
+	Destination *RestoreReport `json:"destination,omitempty"`
+	Precopy     *Precopy       `json:"precopy,omitempty"`
+	Started     time.Time      `json:"started"`
+	// Outcome is how the migration ended (ok, aborted, rolled-back, lost).
+	Outcome   Outcome `json:"outcome,omitempty"`
+	Recovered bool    `json:"recovered,omitempty"` // settled by an agent that restarted mid-migration
 }
 
 // Timer records consecutive phases. Not safe for concurrent use.
@@ -213,6 +234,8 @@ const (
 // Prepare describes the service so the destination can get ready before
 // the freeze.
 type Prepare struct {
+	// ID is the migration's id, the same in both sides' journals.
+	ID       string   `json:"id"`
 	Name     string   `json:"name"`
 	Image    string   `json:"image"`
 	Digest   string   `json:"digest"` // the exact image the service runs from
@@ -233,11 +256,10 @@ type Prepare struct {
 	PageToken  string `json:"page_token,omitempty"`
 }
 
-// Restored reports the destination's restore.
-type Restored struct {
+// RestoreReport is the destination's account of's restore.
+type RestoreReport struct {
 	RestoreMs float64            `json:"restore_ms"`        // runc restore, CRIU's included
 	NetworkMs float64            `json:"network_ms"`        // the switch, done while the source dumped
-	Held      int                `json:"held"`              // packets held during the downtime and delivered
 	LazyMs    float64            `json:"lazy_ms,omitempty"` // post-copy: restore until the last page arrived
 	RecvMs    float64            `json:"recv_ms"`           // receiving images and layer
 	MountMs   float64            `json:"mount_ms"`          // the root filesystem's overlay
@@ -247,6 +269,9 @@ type Restored struct {
 // Switched reports the destination's network switch.
 type Switched struct {
 	NetworkMs float64 `json:"network_ms"`
+	// Held is how many packets the destination held from the freeze
+	// until the commit and then delivered.
+	Held int `json:"held"`
 }
 
 // Abort carries the reason a side gave up.

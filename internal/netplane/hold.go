@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"syscall"
 
@@ -34,10 +35,10 @@ type Holder struct {
 	done bool
 }
 
-// Hold starts holding packets that enter the namespace at nsPath on eth0.
-// The rule sits in mangle PREROUTING, before CRIU's lock chain in filter
-// INPUT, so held packets meet the chain only if released while it is
-// still there.
+// Hold starts holding packets that enter the namespace at nsPath on eth0,
+// and those the namespace sends out of it. The rules sit in mangle
+// PREROUTING and OUTPUT, before CRIU's lock chain in filter INPUT, so held
+// packets meet the chain only if released while it is still there.
 func Hold(nsPath string) (*Holder, error) {
 	ns, err := linux.OpenNetNS(nsPath)
 	if err != nil {
@@ -87,13 +88,55 @@ func Hold(nsPath string) (*Holder, error) {
 	return h, nil
 }
 
+// holdRules are the Holder's rules: every packet entering the service's
+// namespace on eth0, and every packet it sends out of it. Without
+// --queue-bypass: when nobody listens on the queue (the agent died) the
+// kernel drops them, which TCP survives; a reset or a duplicate answer it
+// would not.
+var holdRules = []string{
+	"PREROUTING -i eth0 -j NFQUEUE --queue-num " + fmt.Sprint(holdQueue),
+	"OUTPUT -o eth0 -j NFQUEUE --queue-num " + fmt.Sprint(holdQueue),
+}
+
 func holdRule(nsPath, op string) error {
-	out, err := linux.Command(nsPath, "iptables", "-w", "-t", "mangle", op, "PREROUTING", "-i", "eth0",
-		"-j", "NFQUEUE", "--queue-num", fmt.Sprint(holdQueue), "--queue-bypass").CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("hold rule %s: %v: %s", op, err, bytes.TrimSpace(out))
+	var b strings.Builder
+	b.WriteString("*mangle\n")
+	for _, r := range holdRules {
+		b.WriteString(op + " " + r + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	cmd := linux.Command(nsPath, "iptables-restore", "-w", "--noflush")
+	cmd.Stdin = strings.NewReader(b.String())
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("hold rules %s: %v: %s", op, err, bytes.TrimSpace(out))
 	}
 	return nil
+}
+
+// Unhold removes the hold rules a Holder left in the namespace at nsPath
+// when its agent died; rules that are not there are not an error.
+func Unhold(nsPath string) error {
+	var errs []error
+	for _, r := range holdRules {
+		chain, spec, _ := strings.Cut(r, " ")
+		rule := func(op string) []string {
+			return append([]string{"-w", "-t", "mangle", op, chain}, strings.Fields(spec)...)
+		}
+		if linux.Command(nsPath, "iptables", rule("-C")...).Run() != nil {
+			continue // not there
+		}
+		if out, err := linux.Command(nsPath, "iptables", rule("-D")...).CombinedOutput(); err != nil {
+			errs = append(errs, fmt.Errorf("remove hold rule %q: %v: %s", r, err, bytes.TrimSpace(out)))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Holding reports whether hold rules are present in the namespace.
+func Holding(nsPath string) bool {
+	chain, spec, _ := strings.Cut(holdRules[0], " ")
+	args := append([]string{"-w", "-t", "mangle", "-C", chain}, strings.Fields(spec)...)
+	return linux.Command(nsPath, "iptables", args...).Run() == nil
 }
 
 // Held is the number of packets held so far.

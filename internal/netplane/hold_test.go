@@ -92,10 +92,7 @@ func (p *holdPair) recv(d time.Duration) (string, error) {
 	return string(buf[:n]), err
 }
 
-func holdRulePresent(ns string) bool {
-	return linux.Command(ns, "iptables", "-w", "-t", "mangle", "-C", "PREROUTING", "-i", "eth0",
-		"-j", "NFQUEUE", "--queue-num", fmt.Sprint(holdQueue), "--queue-bypass").Run() == nil
-}
+func holdRulePresent(ns string) bool { return Holding(ns) }
 
 // TestHolder: packets arriving while held reach nobody; Release delivers
 // every one of them in arrival order and lets later ones pass, Drop
@@ -177,5 +174,80 @@ func TestHolder(t *testing.T) {
 				t.Fatalf("after the end read %q (err %v), want \"after\"", got, err)
 			}
 		})
+	}
+}
+
+// TestHolderHoldsOutgoing: what the held service sends waits too, so a
+// copy that is rolled back never spoke; Release lets it out.
+func TestHolderHoldsOutgoing(t *testing.T) {
+	p := newHoldPair(t)
+	// The client learns the server's address from a first exchange.
+	p.send(t, "hello")
+	if _, err := p.recv(2 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	h, err := Hold(p.svcNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = h.Close() })
+	back := p.client.LocalAddr().(*net.UDPAddr)
+	back = &net.UDPAddr{IP: net.IPv4(10, 232, 0, 1), Port: back.Port}
+	if _, err := p.server.WriteToUDP([]byte("reply"), back); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if h.Held() != 1 {
+			return fmt.Errorf("held %d, want the reply", h.Held())
+		}
+		return nil
+	})
+	buf := make([]byte, 64)
+	_ = p.client.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+	if n, _, err := p.client.ReadFromUDP(buf); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the client read %q from a held service", buf[:n])
+	}
+	if _, err := h.Release(); err != nil {
+		t.Fatal(err)
+	}
+	_ = p.client.SetReadDeadline(time.Now().Add(2 * time.Second))
+	if n, _, err := p.client.ReadFromUDP(buf); err != nil || string(buf[:n]) != "reply" {
+		t.Fatalf("after release the client read %q, %v", buf[:n], err)
+	}
+}
+
+// TestHolderDiesDropping: when the holding process is gone (its agent was
+// killed) its rules stay and drop the service's packets, never let them
+// through to a half-restored service; Unhold opens the path.
+func TestHolderDiesDropping(t *testing.T) {
+	p := newHoldPair(t)
+	h, err := Hold(p.svcNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the kernel sees when the agent dies: the queue's listener goes.
+	h.cancel()
+	if err := h.nf.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if !Holding(p.svcNS) {
+		t.Fatal("rules gone with the listener")
+	}
+	p.send(t, "orphan")
+	if got, err := p.recv(200 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("without a listener the service read %q (err %v); want the packet dropped", got, err)
+	}
+	if err := Unhold(p.svcNS); err != nil {
+		t.Fatal(err)
+	}
+	if Holding(p.svcNS) {
+		t.Fatal("Unhold left the rules")
+	}
+	if err := Unhold(p.svcNS); err != nil {
+		t.Fatalf("Unhold without rules: %v", err)
+	}
+	p.send(t, "open")
+	if got, err := p.recv(2 * time.Second); err != nil || got != "open" {
+		t.Fatalf("after Unhold read %q (err %v), want \"open\"", got, err)
 	}
 }

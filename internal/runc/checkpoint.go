@@ -338,3 +338,11 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		"images", o.ImagePath, "lazy", o.LazyPages)
 	return pid, nil
 }
+
+// AbortLazyDump makes the page server of a lazy dump at addr fail (see
+// abortLazyDump) until it succeeds or ctx ends: a restarted agent uses it
+// on a dump whose agent died, so CRIU resumes the container and its runc
+// exits.
+func AbortLazyDump(ctx context.Context, addr string) {
+	abortLazyDump(ctx.Done(), addr)
+}

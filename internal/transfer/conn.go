@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/klauspost/compress/zstd"
@@ -33,6 +34,8 @@ type Conn struct {
 
 	closeOnce sync.Once
 	closeErr  error
+
+	sent atomic.Int64 // bytes handed to nc, for progress reports
 
 	wmu  sync.Mutex // guards everything below up to rmu: the send side
 	bw   *bufio.Writer
@@ -64,13 +67,29 @@ func NewConn(nc net.Conn) *Conn {
 	c := &Conn{
 		nc:  nc,
 		raw: nc,
-		bw:  bufio.NewWriterSize(nc, writeBufSize),
 		br:  bufio.NewReaderSize(nc, readBufSize),
 	}
+	c.bw = bufio.NewWriterSize(countingWriter{nc, &c.sent}, writeBufSize)
 	if tc, ok := nc.(*tls.Conn); ok {
 		c.raw = tc.NetConn()
 	}
 	return c
+}
+
+// Sent is how many bytes this side has written to the connection so far
+// (frames, before TLS); safe to call concurrently with everything.
+func (c *Conn) Sent() int64 { return c.sent.Load() }
+
+// countingWriter counts what reaches w.
+type countingWriter struct {
+	w io.Writer
+	n *atomic.Int64
+}
+
+func (cw countingWriter) Write(p []byte) (int, error) {
+	n, err := cw.w.Write(p)
+	cw.n.Add(int64(n))
+	return n, err
 }
 
 // Peer returns the authenticated node name of the other agent, or "" on a

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/pki"
 )
 
@@ -35,6 +36,9 @@ const (
 	// about half of it as window.
 	DefaultBufferBytes      = 75_000_000
 	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultUserTimeout bounds unacknowledged data (TCP_USER_TIMEOUT):
+	// a cut link fails a migration's connection within it.
+	DefaultUserTimeout = 15 * time.Second
 )
 
 // NetConfig holds the transport settings of Dial and Listen. The zero
@@ -48,6 +52,10 @@ type NetConfig struct {
 	BufferBytes int
 	// HandshakeTimeout bounds TLS handshakes (within the ctx).
 	HandshakeTimeout time.Duration
+	// UserTimeout is the connection's TCP_USER_TIMEOUT: how long sent
+	// data may go unacknowledged (keepalive probes included) before the
+	// connection fails.
+	UserTimeout time.Duration
 }
 
 func (nc NetConfig) withDefaults() NetConfig {
@@ -56,6 +64,9 @@ func (nc NetConfig) withDefaults() NetConfig {
 	}
 	if nc.HandshakeTimeout == 0 {
 		nc.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if nc.UserTimeout == 0 {
+		nc.UserTimeout = DefaultUserTimeout
 	}
 	return nc
 }
@@ -89,6 +100,9 @@ func (nc NetConfig) Dial(ctx context.Context, addr string, cfg *tls.Config) (*Co
 		return nil, fmt.Errorf("connect to agent at %s: %w (check that the edgehop agent is running there and listening on that address)", addr, err)
 	}
 	note := tuneBuffers(raw.(*net.TCPConn), nc.BufferBytes)
+	if err := linux.SetTCPUserTimeout(raw.(*net.TCPConn), nc.UserTimeout); err != nil {
+		note = strings.TrimPrefix(note+"; "+err.Error(), "; ")
+	}
 
 	hctx, cancel := context.WithTimeout(ctx, nc.HandshakeTimeout)
 	defer cancel()
@@ -210,6 +224,9 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		return nil, fmt.Errorf("accept on %s: %w", l.ln.Addr(), err)
 	}
 	note := tuneBuffers(raw, l.nc.BufferBytes)
+	if err := linux.SetTCPUserTimeout(raw, l.nc.UserTimeout); err != nil {
+		note = strings.TrimPrefix(note+"; "+err.Error(), "; ")
+	}
 	hctx, cancel := context.WithTimeout(ctx, l.nc.HandshakeTimeout)
 	defer cancel()
 	c, err := handshake(hctx, tls.Server(raw, l.cfg), true)

@@ -74,3 +74,18 @@ func ParseSize(s string) (int64, error) {
 	}
 	return int64(v * mult), nil
 }
+
+// FormatSize writes a byte count with a decimal unit: 512 B, 66.1 kB,
+// 1.20 GB.
+func FormatSize(n int64) string {
+	f := float64(n)
+	switch {
+	case n < 1000:
+		return fmt.Sprintf("%d B", n)
+	case f < 1e6:
+		return fmt.Sprintf("%.1f kB", f/1e3)
+	case f < 1e9:
+		return fmt.Sprintf("%.1f MB", f/1e6)
+	}
+	return fmt.Sprintf("%.2f GB", f/1e9)
+}

@@ -38,3 +38,11 @@ func TestParseSize(t *testing.T) {
 		}
 	}
 }
+
+func TestFormatSize(t *testing.T) {
+	for n, want := range map[int64]string{0: "0 B", 999: "999 B", 66100: "66.1 kB", 1_200_000_000: "1.20 GB", 5_500_000: "5.5 MB"} {
+		if got := FormatSize(n); got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,602 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/precopy"
+	"github.com/edgehop/edgehop/internal/runc"
+	"github.com/edgehop/edgehop/internal/transfer"
+)
+
+// serveMigrations accepts incoming migrations and page tunnels until ctx
+// ends. Only configured nodes get past the handshake's identity check.
+func (a *Agent) serveMigrations(ctx context.Context, l *transfer.Listener) {
+	for {
+		conn, err := l.Accept(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			a.log.Warn("accept migration", "err", err)
+			continue
+		}
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			defer conn.Close()
+			if _, err := a.nodePeer(conn.Peer()); err != nil {
+				a.log.Warn("migration connection refused", "from", conn.RemoteAddr(), "err", err)
+				return
+			}
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			typ, body, err := conn.ReadMsg(rctx)
+			cancel()
+			if err != nil {
+				a.log.Warn("migration connection", "from", conn.Peer(), "err", err)
+				return
+			}
+			if isTunnel(typ) {
+				if err := a.serveTunnel(ctx, conn, body); err != nil {
+					a.log.Warn("page tunnel", "from", conn.Peer(), "err", err)
+				}
+				return
+			}
+			if err := a.receive(ctx, conn, typ, body); err != nil {
+				a.log.Warn("incoming migration failed", "from", conn.Peer(), "err", err)
+			}
+		}()
+	}
+}
+
+// nodePeer returns the configured peer called name if it runs containers
+// (a node, not the gateway).
+func (a *Agent) nodePeer(name string) (Peer, error) {
+	for _, p := range a.cfg.Peers {
+		if p.Name == name && p.Migrate != "" {
+			return p, nil
+		}
+	}
+	return Peer{}, fmt.Errorf("%w: %q is not a configured node of this overlay", ErrForbidden, name)
+}
+
+// receive is the destination side of a migration: it validates the
+// source's description and drives the migration.Dest machine.
+func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, body json.RawMessage) error {
+	if typ != migration.MsgPrepare {
+		return fmt.Errorf("protocol: got %q, want prepare", typ)
+	}
+	var p migration.Prepare
+	refuse := func(err error) error {
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		defer cancel()
+		_ = conn.WriteMsg(wctx, migration.MsgAbort, migration.Abort{Reason: fmt.Sprintf("%s: %v", a.cfg.Node, err)})
+		return err
+	}
+	if err := decodeStrict(body, &p); err != nil {
+		return refuse(err)
+	}
+	if err := a.validatePrepare(p, conn.Peer()); err != nil {
+		return refuse(err)
+	}
+	if a.cfg.Role != RoleNode {
+		return refuse(fmt.Errorf("%s does not run containers", a.cfg.Node))
+	}
+	if _, err := a.journal.Get(p.ID); err == nil {
+		return refuse(fmt.Errorf("%w: migration %s is already known here", ErrConflict, p.ID))
+	}
+	j := newJob(p.ID, migration.RoleDestination, p.Name, p.From, a.cfg.Node, p.Strategy, nil)
+	in := &incoming{a: a, job: j, m: migration.NewDest(p.Strategy), conn: conn, p: p,
+		rec: journal.Record{ID: p.ID, Role: migration.RoleDestination, Container: p.Name, Peer: p.From, Strategy: p.Strategy}}
+	a.jobs.add(j)
+	a.metrics.migrationStarted()
+	acts, err := in.m.Step(migration.Event{Kind: migration.EvStart})
+	if err != nil {
+		return refuse(err)
+	}
+	return in.loop(ctx, acts)
+}
+
+// incoming drives the destination side of one migration. Its fields
+// belong to the goroutine running it.
+type incoming struct {
+	a    *Agent
+	job  *job
+	m    *migration.Dest
+	rec  journal.Record
+	conn *transfer.Conn // nil when a restarted agent settles the migration
+	p    migration.Prepare
+
+	c           *container
+	lower       string
+	claimed     bool
+	unreserve   func()
+	holder      *netplane.Holder
+	store       *precopy.Store
+	imgDir      string
+	upper       string
+	warm        *linux.Reserve
+	sw          migration.Switched
+	stateBytes  int64
+	recvMs      float64
+	mountMs     float64
+	lf          *os.File
+	pagesDaemon *runc.Daemon
+	t0          time.Time
+	err         error
+	cleanup     []func()
+}
+
+// loop performs acts and feeds the machine the outcome until it finishes;
+// it returns why the migration did not end well.
+func (in *incoming) loop(ctx context.Context, acts []migration.Action) error {
+	defer func() {
+		for i := len(in.cleanup) - 1; i >= 0; i-- {
+			in.cleanup[i]()
+		}
+	}()
+	for {
+		ev, done := in.perform(ctx, acts)
+		if done {
+			return in.err
+		}
+		var err error
+		if acts, err = in.m.Step(ev); err != nil {
+			in.a.log.Error("migration machine", "migration", in.rec.ID, "err", err)
+			if acts, _ = in.m.Step(migration.Event{Kind: migration.EvFailed, Err: err}); acts == nil {
+				in.finish(migration.Action{Kind: migration.ActFinish, Outcome: migration.OutcomeLost, Err: err})
+				return err
+			}
+		}
+	}
+}
+
+func (in *incoming) perform(ctx context.Context, acts []migration.Action) (migration.Event, bool) {
+	for _, act := range acts {
+		in.job.update(func(p *api.Progress) { p.Phase, p.Step = string(in.m.Phase()), act.Kind.String() })
+		switch act.Kind {
+		case migration.ActJournal:
+			if err := in.journal(act.Phase); err != nil {
+				if act.Phase.Final() || act.Phase == migration.Committed {
+					// The source's journal decides a commit; a record that
+					// did not reach the disk changes nothing about it.
+					in.a.log.Error("journal", "migration", in.rec.ID, "phase", act.Phase, "err", err)
+					continue
+				}
+				return migration.Event{Kind: migration.EvJournalFailed, Err: err}, false
+			}
+		case migration.ActAbortPeer:
+			in.abortPeer(act.Err)
+		case migration.ActTakeTraffic:
+			in.takeTraffic(ctx)
+		case migration.ActReleaseHeld:
+			in.releaseHeld(ctx)
+		case migration.ActAckCommit:
+			in.ackCommit(ctx)
+		case migration.ActFinish:
+			in.finish(act)
+			return migration.Event{}, true
+		default:
+			return in.do(ctx, act.Kind), false
+		}
+	}
+	return migration.Event{Kind: migration.EvFailed, Err: errors.New("batch without an awaited action")}, false
+}
+
+func (in *incoming) journal(p migration.Phase) error {
+	in.rec.Phase = p
+	r, err := in.a.journal.Put(in.rec)
+	in.rec = r
+	return err
+}
+
+func (in *incoming) do(ctx context.Context, k migration.ActionKind) migration.Event {
+	ev := func(ok migration.EventKind, err error) migration.Event {
+		var pa *peerAbort
+		switch {
+		case err == nil:
+			return migration.Event{Kind: ok}
+		case errors.As(err, &pa):
+			return migration.Event{Kind: migration.EvPeerAborted, Err: err}
+		}
+		return migration.Event{Kind: migration.EvFailed, Err: err}
+	}
+	switch k {
+	case migration.ActSetupDest:
+		return ev(migration.EvPrepared, in.setup(ctx))
+	case migration.ActAckPrepared:
+		return ev(migration.EvFrozen, in.awaitFreeze(ctx))
+	case migration.ActReceive:
+		return ev(migration.EvSent, in.receiveState(ctx))
+	case migration.ActRestore:
+		return ev(migration.EvRestored, in.restore(ctx))
+	case migration.ActReportRestored:
+		return ev(migration.EvCommit, in.reportRestored(ctx))
+	case migration.ActAwaitLazy:
+		return ev(migration.EvLazyDone, in.awaitLazy(ctx))
+	case migration.ActAskSource:
+		return in.askSource(ctx)
+	case migration.ActDestroy:
+		return ev(migration.EvDestroyed, in.destroy(ctx))
+	}
+	return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("destination cannot perform %s", k)}
+}
+
+// setup prepares everything before the source freezes: rootfs base,
+// namespace with the same IP and MAC, and the Holder, which keeps every
+// packet for the service (in and out) away from it until the commit (so
+// none meets a missing socket and draws a reset, and a copy that is rolled
+// back never spoke). CRIU's own lock is skipped (runc.SkipNetworkLock).
+func (in *incoming) setup(ctx context.Context) error {
+	a, p := in.a, in.p
+	if _, err := a.claim(p.Name, false); err != nil {
+		return err
+	}
+	in.claimed = true
+	in.cleanup = append(in.cleanup, func() { a.release(p.Name) })
+	ip := netip.MustParseAddr(p.IP) // validated
+	unreserve, err := a.reserveIP(ip, p.Name, p.From)
+	if err != nil {
+		return err
+	}
+	in.unreserve = unreserve
+	lower, digest, err := a.imageFor(ctx, p.Image, p.Digest)
+	if err != nil {
+		return err
+	}
+	in.lower = lower
+	m := meta{Name: p.Name, Image: p.Image, Digest: digest, IP: p.IP, MAC: p.MAC, Args: p.Args, Env: p.Env, Cwd: p.Cwd, Created: time.Now().UTC(), Incoming: true}
+	in.c = &container{meta: m}
+	if err := os.MkdirAll(a.dir(p.Name), 0o755); err != nil {
+		return err
+	}
+	if err := a.writeMeta(m); err != nil {
+		return err
+	}
+	ns := a.nsPath(p.Name)
+	if err := linux.NewNetNS(ns); err != nil {
+		return err
+	}
+	ep := netplane.Endpoint{Container: p.Name, NetNSPath: ns, Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
+	if err := a.plane.Attach(ep, false); err != nil {
+		return err
+	}
+	if in.holder, err = netplane.Hold(ns); err != nil {
+		return err
+	}
+	if err := runc.WriteBundle(a.bundle(p.Name), a.runcSpec(m)); err != nil {
+		return err
+	}
+	in.imgDir = filepath.Join(a.scratchDir(), p.Name+"-in")
+	_ = os.RemoveAll(in.imgDir)
+	in.cleanup = append(in.cleanup, func() { os.RemoveAll(in.imgDir); os.RemoveAll(in.imgDir + "-work") })
+	in.upper = filepath.Join(a.dir(p.Name), "upper")
+	if p.Strategy.Live() {
+		if in.store, err = precopy.NewStore(filepath.Join(a.scratchDir(), p.Name+"-store"), a.log); err != nil {
+			return err
+		}
+		in.cleanup = append(in.cleanup, func() { in.store.Close() })
+	}
+	return nil
+}
+
+// awaitFreeze tells the source this side is ready, then stores live rounds
+// (pre-copy) until the source announces the freeze.
+func (in *incoming) awaitFreeze(ctx context.Context) error {
+	if err := in.conn.WriteMsg(ctx, migration.MsgPrepared, struct{}{}); err != nil {
+		return err
+	}
+	// Ready memory for the images and the restored process while the
+	// source works; half is given back for the images when it freezes,
+	// the rest just before the restore.
+	if !in.p.Strategy.Lazy() {
+		in.warm = reserveFor(context.WithoutCancel(ctx), 2*in.p.MemoryBytes)
+		in.cleanup = append(in.cleanup, func() { in.warm.Close() })
+	}
+	return in.a.receiveRounds(ctx, in.conn, in.store, in.upper)
+}
+
+// takeTraffic points the overlay here; the packets are held.
+func (in *incoming) takeTraffic(ctx context.Context) {
+	_, _ = in.warm.Release(in.p.MemoryBytes)
+	in.sw = in.a.takeTraffic(ctx, in.c)
+}
+
+// maxStateSlack is what the images may exceed the service's reported
+// memory by: CRIU's metadata, page tables of a growing service, the
+// writable layer's files.
+const maxStateSlack = 512 << 20
+
+// receiveState receives (or rebuilds) the images and the writable layer.
+func (in *incoming) receiveState(ctx context.Context) error {
+	t := time.Now()
+	limit := in.p.MemoryBytes + maxStateSlack
+	if in.store != nil && !in.p.Strategy.Lazy() {
+		fst, err := in.store.RebuildFinal(ctx, in.conn, in.imgDir)
+		if err != nil {
+			return fmt.Errorf("rebuild images from pre-copy: %w", err)
+		}
+		in.stateBytes = fst.DumpBytes
+	} else {
+		rst, err := in.conn.RecvDir(ctx, in.imgDir, transfer.RecvOptions{MaxBytes: limit})
+		if err != nil {
+			return fmt.Errorf("receive images: %w", err)
+		}
+		in.stateBytes = rst.PayloadBytes
+	}
+	if in.store != nil {
+		if err := recvLayerDelta(ctx, in.conn, in.upper); err != nil {
+			return fmt.Errorf("receive writable layer delta: %w", err)
+		}
+	} else if _, err := in.conn.RecvDir(ctx, in.upper, transfer.RecvOptions{MaxBytes: limit}); err != nil {
+		return fmt.Errorf("receive writable layer: %w", err)
+	}
+	in.recvMs = migration.Ms(time.Since(t))
+	return nil
+}
+
+// restore mounts the root filesystem and restores the service; its
+// packets stay held.
+func (in *incoming) restore(ctx context.Context) error {
+	a, p := in.a, in.p
+	tMount := time.Now()
+	if err := linux.MountOverlay(in.lower, in.upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
+		return err
+	}
+	in.mountMs = migration.Ms(time.Since(tMount))
+	lf, err := os.OpenFile(a.logPath(p.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return err
+	}
+	lazy := p.Strategy.Lazy()
+	work := in.imgDir + "-work"
+	if lazy {
+		// Pages come from the source's page server through an
+		// authenticated tunnel; the daemon outlives the restore.
+		dial, err := a.tunnelDialer(p.From)
+		if err != nil {
+			lf.Close()
+			return err
+		}
+		tctx, tcancel := context.WithCancel(context.WithoutCancel(ctx))
+		in.cleanup = append(in.cleanup, tcancel)
+		tun, err := transfer.TunnelListen(tctx, "127.0.0.1:0", transfer.TunnelRequest{Target: p.PageServer, Token: p.PageToken}, dial)
+		if err != nil {
+			lf.Close()
+			return fmt.Errorf("page tunnel: %w", err)
+		}
+		in.cleanup = append(in.cleanup, func() { tun.Close() })
+		// A proxy in front of the daemon pulls the dump's lazy runs ahead
+		// of it (hybrid: and fills the pages the rounds left here from
+		// the store); without the runs, hybrid's proxy relays only.
+		runs, rerr := precopy.LazyRuns(in.imgDir)
+		if rerr != nil {
+			a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
+		}
+		pageServer := tun.Addr().String()
+		if in.store != nil || rerr == nil {
+			if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs); err != nil {
+				lf.Close()
+				return fmt.Errorf("page proxy: %w", err)
+			}
+		}
+		if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: work, PageServer: pageServer}); err != nil {
+			lf.Close()
+			return fmt.Errorf("lazy-pages daemon: %w", err)
+		}
+		in.cleanup = append(in.cleanup, in.pagesDaemon.Stop)
+	}
+	_, _ = in.warm.Release(-1)
+	in.t0 = time.Now()
+	// A restore that hangs must not keep the service away for good: past
+	// the deadline it is killed and the source takes the service back.
+	rdl := migration.RestoreDeadline(in.stateBytes)
+	rctx, rcancel := context.WithTimeout(ctx, rdl)
+	_, err = a.rt.Restore(rctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: work, TCPEstablished: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf})
+	if err != nil && rctx.Err() == context.DeadlineExceeded {
+		err = fmt.Errorf("no restore within %s (%d bytes of images): %w", rdl, in.stateBytes, err)
+	}
+	rcancel()
+	if err != nil {
+		lf.Close()
+		return fmt.Errorf("restore: %w", err)
+	}
+	in.c.log = lf
+	return nil
+}
+
+// reportRestored tells the source and waits for its decision.
+func (in *incoming) reportRestored(ctx context.Context) error {
+	r := migration.RestoreReport{RestoreMs: migration.Ms(time.Since(in.t0)), NetworkMs: in.sw.NetworkMs,
+		RecvMs: in.recvMs, MountMs: in.mountMs}
+	if st, err := runc.ReadRestoreStats(in.imgDir + "-work"); err == nil {
+		r.CRIU = restoreStatsMap(st)
+	}
+	if err := in.conn.WriteMsg(ctx, migration.MsgRestored, r); err != nil {
+		return err
+	}
+	return expectFrom(ctx, in.conn, in.p.From, migration.MsgCommit, nil)
+}
+
+// releaseHeld makes the committed service this node's own: recorded, then
+// its held packets delivered.
+func (in *incoming) releaseHeld(ctx context.Context) {
+	a := in.a
+	in.c.meta.Incoming = false
+	a.adopt(in.c)
+	if in.unreserve != nil {
+		in.unreserve()
+		in.unreserve = nil
+	}
+	if in.holder != nil {
+		held, err := in.holder.Release()
+		if err != nil {
+			a.log.Warn("release held packets", "container", in.c.meta.Name, "err", err)
+		}
+		in.sw.Held = held
+		h := in.holder
+		in.holder = nil
+		// The rules go after the answer: they do not delay the service,
+		// and packets pass meanwhile.
+		in.cleanup = append(in.cleanup, func() {
+			if err := h.Close(); err != nil {
+				a.log.Warn("stop holding", "container", in.c.meta.Name, "err", err)
+			}
+		})
+		return
+	}
+	// Settled after a restart: the holder died with the agent and left
+	// its rules, which drop the service's packets until removed.
+	if err := netplane.Unhold(a.nsPath(in.c.meta.Name)); err != nil {
+		a.log.Warn("remove hold rules", "container", in.c.meta.Name, "err", err)
+	}
+	in.sw = a.takeTraffic(ctx, in.c)
+}
+
+func (in *incoming) ackCommit(ctx context.Context) {
+	if in.conn == nil {
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	_ = in.conn.WriteMsg(wctx, migration.MsgSwitched, in.sw)
+}
+
+// awaitLazy keeps the images and the tunnel until every page has arrived.
+func (in *incoming) awaitLazy(ctx context.Context) error {
+	if in.pagesDaemon == nil {
+		return nil
+	}
+	if err := in.pagesDaemon.Wait(context.WithoutCancel(ctx)); err != nil {
+		in.a.log.Error("post-copy: pages not all received", "container", in.p.Name, "err", err)
+		return fmt.Errorf("post-copy pages not all received: %w", err)
+	}
+	in.a.log.Info("post-copy: all pages received", "container", in.p.Name, "after_ms", migration.Ms(time.Since(in.t0)))
+	return nil
+}
+
+// askSource learns the source's decision from its journal, asking until
+// it gives one: the restored copy stays, its packets held, meanwhile.
+func (in *incoming) askSource(ctx context.Context) migration.Event {
+	a := in.a
+	src, ok := a.peers[in.rec.Peer]
+	if !ok {
+		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("source %q is not a configured peer", in.rec.Peer)}
+	}
+	wait := 100 * time.Millisecond
+	for n := 0; ; n++ {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ph, err := src.PeerPhase(rctx, in.rec.ID)
+		cancel()
+		switch {
+		case errors.Is(err, api.ErrNotFound):
+			return migration.Event{Kind: migration.EvSourceRolledBack}
+		case err == nil:
+			switch migration.Phase(ph.Phase) {
+			case migration.Committed, migration.Done, migration.Lost:
+				// Lost: the source's rollback failed, so this copy is
+				// the only one; it serves.
+				return migration.Event{Kind: migration.EvSourceCommitted}
+			case migration.RolledBack, migration.Aborted:
+				return migration.Event{Kind: migration.EvSourceRolledBack}
+			}
+		}
+		if n%50 == 0 {
+			a.log.Warn("restored copy waits for the source's decision", "container", in.rec.Container, "source", in.rec.Peer, "phase", ph.Phase, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return migration.Event{Kind: migration.EvFailed, Err: ctx.Err()}
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// destroy removes the copy and everything prepared for it.
+func (in *incoming) destroy(ctx context.Context) error {
+	a, name := in.a, in.rec.Container
+	if in.holder != nil {
+		_ = in.holder.Drop()
+		in.holder = nil
+	}
+	if !in.claimed && in.conn != nil {
+		// Refused before anything was set up here: nothing to remove,
+		// and another container may own the name.
+		return nil
+	}
+	a.killRuncFor(name)
+	err := a.destroy(context.WithoutCancel(ctx), name)
+	if in.unreserve != nil {
+		in.unreserve()
+		in.unreserve = nil
+	}
+	return err
+}
+
+func (in *incoming) abortPeer(cause error) {
+	in.err = cause
+	if in.conn == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(in.a.runCtx, 2*time.Second)
+	defer cancel()
+	_ = in.conn.WriteMsg(ctx, migration.MsgAbort, migration.Abort{Reason: fmt.Sprintf("%s: %v", in.a.cfg.Node, cause)})
+}
+
+func (in *incoming) finish(act migration.Action) {
+	if act.Err != nil && in.err == nil {
+		in.err = act.Err
+	}
+	res := migration.Result{ID: in.rec.ID, Container: in.rec.Container, From: in.rec.Peer, To: in.a.cfg.Node,
+		Strategy: in.rec.Strategy, Outcome: act.Outcome, OK: act.Outcome == migration.OutcomeOK, HeldPackets: in.sw.Held}
+	if in.err != nil {
+		res.Error = in.err.Error()
+	}
+	in.a.metrics.observe(res, migration.RoleDestination)
+	in.job.end(act.Outcome, &res)
+}
+
+// takeTraffic points the overlay at this node for the service: the local
+// bridge entry, then every peer's FDB in parallel. It runs while the source
+// dumps; until the commit, the packets are held (netplane.Holder).
+func (a *Agent) takeTraffic(ctx context.Context, c *container) migration.Switched {
+	t0 := time.Now()
+	mac, _ := net.ParseMAC(c.meta.MAC)
+	a.fdb.stamp(mac.String(), t0)
+	if err := a.plane.DelRemote(mac); err != nil {
+		a.log.Warn("drop remote fdb", "err", err)
+	}
+	if err := a.plane.PinLocal(mac, c.meta.Name); err != nil {
+		a.log.Warn("pin local fdb", "err", err)
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := a.announce(actx, a.endpoint(c), false); err != nil {
+		a.log.Warn("announce migrated endpoint", "container", c.meta.Name, "err", err)
+	}
+	return migration.Switched{NetworkMs: migration.Ms(time.Since(t0))}
+}
+
+// adopt records a committed incoming container as this node's own.
+func (a *Agent) adopt(c *container) {
+	c.meta.Incoming = false
+	if err := a.writeMeta(c.meta); err != nil {
+		a.log.Warn("record committed container", "container", c.meta.Name, "err", err)
+	}
+	a.mu.Lock()
+	a.containers[c.meta.Name] = c
+	a.mu.Unlock()
+}

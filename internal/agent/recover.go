@@ -1,0 +1,225 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/runc"
+)
+
+// pendingRecoveries reads the journal of an agent that starts and claims
+// the containers of every migration a crash interrupted, so that nothing
+// else touches them until recoverAll settled them. Incoming containers
+// without an unsettled record (never journaled, or settled) go.
+func (a *Agent) pendingRecoveries(ctx context.Context) ([]journal.Record, error) {
+	recs, err := a.journal.List()
+	if err != nil {
+		a.log.Warn("unreadable journal records left in place", "err", err)
+	}
+	var pending []journal.Record
+	active := map[string]bool{}
+	for _, r := range recs {
+		if r.Phase.Final() {
+			continue
+		}
+		pending = append(pending, r)
+		active[r.Container] = true
+		a.mu.Lock()
+		a.busy[r.Container] = true
+		if c, ok := a.containers[r.Container]; ok && r.Role == migration.RoleSource && r.Phase != migration.Preparing && r.Phase != migration.LiveRounds {
+			// Possibly the destination's now: not listed as living here
+			// until settled.
+			c.handedOver = true
+		}
+		a.mu.Unlock()
+	}
+	for _, name := range a.incomingLeftovers() {
+		if active[name] {
+			continue
+		}
+		a.log.Info("discarding an incoming container no migration is settling", "container", name)
+		a.killRuncFor(name)
+		_ = a.destroy(ctx, name)
+	}
+	if err := a.journal.Prune(512); err != nil {
+		a.log.Warn("prune journal", "err", err)
+	}
+	return pending, nil
+}
+
+// recoverAll settles the interrupted migrations in the background, each
+// with the machine its journal phase gives (migration.RecoverSource,
+// migration.RecoverDest).
+func (a *Agent) recoverAll(ctx context.Context, recs []journal.Record) {
+	for _, r := range recs {
+		a.wg.Add(1)
+		go func() {
+			defer a.wg.Done()
+			defer a.release(r.Container)
+			a.log.Warn("settling a migration interrupted by a restart", "migration", r.ID, "role", r.Role,
+				"container", r.Container, "phase", r.Phase)
+			var outcome migration.Outcome
+			if r.Role == migration.RoleSource {
+				outcome = a.recoverSource(ctx, r)
+			} else {
+				outcome = a.recoverDest(ctx, r)
+			}
+			a.metrics.recovered(string(outcome))
+			a.log.Warn("interrupted migration settled", "migration", r.ID, "container", r.Container, "outcome", outcome)
+		}()
+	}
+}
+
+// recoverSource settles a migration this node was the source of.
+func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration.Outcome {
+	a.mu.Lock()
+	c := a.containers[rec.Container]
+	a.mu.Unlock()
+	if c == nil {
+		// Its directory is gone: released after the commit, before the
+		// journal said so.
+		c = &container{meta: meta{Name: rec.Container}}
+	}
+	frozen := rec.Phase == migration.Frozen || rec.Phase == migration.Transferred
+	if frozen {
+		// A dump the dead agent started may still run (its runc outlives
+		// it): a lazy one is made to fail, so CRIU resumes the service;
+		// a full one is let finish. Either way the service is then
+		// running (frozen) or gone with complete images.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		if rec.PageServer != "" {
+			go runc.AbortLazyDump(wctx, rec.PageServer)
+		}
+		if err := a.waitRuncGone(wctx, rec.Container); err != nil {
+			a.log.Warn("an interrupted dump still runs", "container", rec.Container, "err", err)
+		}
+		cancel()
+	}
+	destRestored := false
+	if frozen && !rec.Strategy.Lazy() {
+		if p, ok := a.peers[rec.Peer]; ok {
+			qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+			ph, err := p.PeerPhase(qctx, rec.ID)
+			cancel()
+			destRestored = err == nil && migration.Phase(ph.Phase) == migration.Restored
+		}
+	}
+	m, acts := migration.RecoverSource(rec.Strategy, rec.Phase, destRestored)
+	j := newJob(rec.ID, migration.RoleSource, rec.Container, a.cfg.Node, rec.Peer, rec.Strategy, nil)
+	j.frozen = frozen
+	a.jobs.add(j)
+	o := &outgoing{a: a, job: j, m: m, rec: rec, c: c, req: migration.Request{To: rec.Peer, Strategy: rec.Strategy},
+		tm: migration.NewTimer(nil), paused: true}
+	o.res = migration.Result{ID: rec.ID, Container: rec.Container, From: a.cfg.Node, To: rec.Peer, Strategy: rec.Strategy,
+		Started: rec.Updated, Recovered: true}
+	if len(acts) == 0 {
+		return m.Phase().Outcome()
+	}
+	o.loop(ctx, acts)
+	snap, _, _ := j.snapshot(a.cfg.Node)
+	return migration.Outcome(snap.State)
+}
+
+// recoverDest settles a migration this node was the destination of.
+func (a *Agent) recoverDest(ctx context.Context, rec journal.Record) migration.Outcome {
+	var m meta
+	b, err := os.ReadFile(filepath.Join(a.dir(rec.Container), "meta.json"))
+	if err == nil {
+		err = json.Unmarshal(b, &m)
+	}
+	if err != nil {
+		m = meta{Name: rec.Container}
+	}
+	d, acts := migration.RecoverDest(rec.Phase)
+	j := newJob(rec.ID, migration.RoleDestination, rec.Container, rec.Peer, a.cfg.Node, rec.Strategy, nil)
+	a.jobs.add(j)
+	in := &incoming{a: a, job: j, m: d, rec: rec, c: &container{meta: m}, claimed: true,
+		p: migration.Prepare{ID: rec.ID, Name: rec.Container, From: rec.Peer, Strategy: rec.Strategy}}
+	if len(acts) == 0 {
+		return d.Phase().Outcome()
+	}
+	in.loop(ctx, acts)
+	snap, _, _ := j.snapshot(a.cfg.Node)
+	return migration.Outcome(snap.State)
+}
+
+// incomingLeftovers lists containers whose recorded meta says a migration
+// was bringing them here and never committed.
+func (a *Agent) incomingLeftovers() []string {
+	ents, _ := os.ReadDir(a.containersDir())
+	var out []string
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(a.containersDir(), e.Name(), "meta.json"))
+		if err != nil {
+			continue
+		}
+		var m meta
+		if json.Unmarshal(b, &m) == nil && m.Incoming && m.Name == e.Name() {
+			out = append(out, m.Name)
+		}
+	}
+	return out
+}
+
+// runcProcs lists runc processes of this node working on container name.
+func (a *Agent) runcProcs(name string) []int {
+	pids, err := linux.FindProcesses(func(argv []string) bool {
+		if len(argv) == 0 || filepath.Base(argv[0]) != "runc" {
+			return false
+		}
+		root, id := false, false
+		for i, s := range argv {
+			if s == "--root" && i+1 < len(argv) && argv[i+1] == a.rt.Root {
+				root = true
+			}
+			if s == name {
+				id = true
+			}
+		}
+		return root && id
+	})
+	if err != nil {
+		a.log.Warn("list processes", "err", err)
+	}
+	return pids
+}
+
+// waitRuncGone waits until no runc process works on container name.
+func (a *Agent) waitRuncGone(ctx context.Context, name string) error {
+	for {
+		pids := a.runcProcs(name)
+		if len(pids) == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("runc %v on %s: %w", pids, name, ctx.Err())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// killRuncFor kills the runc processes (and so their CRIU) left working on
+// container name by an agent that died, and waits until they are gone.
+func (a *Agent) killRuncFor(name string) {
+	pids := a.runcProcs(name)
+	if len(pids) == 0 {
+		return
+	}
+	for _, pid := range pids {
+		_ = linux.Kill(pid)
+	}
+	ctx, cancel := context.WithTimeout(a.runCtx, 10*time.Second)
+	defer cancel()
+	if err := a.waitRuncGone(ctx, name); err != nil {
+		a.log.Warn("runc processes survive a kill", "container", name, "err", errors.Unwrap(err))
+	}
+}

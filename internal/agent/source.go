@@ -1,0 +1,922 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/lazyproxy"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/precopy"
+	"github.com/edgehop/edgehop/internal/runc"
+	"github.com/edgehop/edgehop/internal/transfer"
+)
+
+// scratchDir is tmpfs-backed space for checkpoint images (mounted by Run).
+func (a *Agent) scratchDir() string { return filepath.Join(a.cfg.StateDir, "scratch") }
+
+func (a *Agent) peer(name string) (Peer, error) {
+	for _, p := range a.cfg.Peers {
+		if p.Name == name {
+			if p.Migrate == "" {
+				return p, fmt.Errorf("%w: %s is not a node that runs containers", ErrInvalid, name)
+			}
+			return p, nil
+		}
+	}
+	return Peer{}, fmt.Errorf("%w: unknown destination node %q", ErrInvalid, name)
+}
+
+// StartMigration checks a migration request and starts it as a job of
+// this agent; the service keeps running untouched when it is refused.
+func (a *Agent) StartMigration(name string, req migration.Request) (*job, error) {
+	if req.To == a.cfg.Node {
+		return nil, fmt.Errorf("%w: %s already runs on %s", ErrInvalid, name, req.To)
+	}
+	switch req.Strategy {
+	case migration.StopAndCopy, migration.PostCopy, migration.PreCopy, migration.Hybrid:
+	default:
+		return nil, fmt.Errorf("%w: strategy %q is not available on the agent (stop-and-copy, post-copy, pre-copy, hybrid; auto is resolved by the CLI)", ErrInvalid, req.Strategy)
+	}
+	if req.Rounds < 0 {
+		return nil, fmt.Errorf("%w: rounds %d < 0", ErrInvalid, req.Rounds)
+	}
+	if req.MaxFrozenMs < 0 {
+		return nil, fmt.Errorf("%w: max frozen %d ms < 0", ErrInvalid, req.MaxFrozenMs)
+	}
+	comp := transfer.CompressAuto
+	if req.Compression != "" {
+		var err error
+		if comp, err = transfer.ParseCompression(req.Compression); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	peer, err := a.peer(req.To)
+	if err != nil {
+		return nil, err
+	}
+	ctx := a.runCtx
+	c, err := a.claimWhenFree(ctx, name, 5*time.Second)
+	if err != nil {
+		return nil, err
+	}
+	st, err := a.rt.State(ctx, name)
+	if err != nil || st.Status != runc.StatusRunning {
+		a.release(name)
+		status := string(st.Status)
+		if err != nil {
+			status = "gone"
+		}
+		return nil, fmt.Errorf("%w: %s is not running on %s (status %s), so there is nothing to migrate; see 'edgehop logs %s'", ErrInvalid, name, a.cfg.Node, status, name)
+	}
+	if err := a.checkDumpable(name, st.Pid); err != nil {
+		a.release(name)
+		return nil, err
+	}
+	jctx, cancel := context.WithCancelCause(ctx)
+	id := journal.NewID()
+	j := newJob(id, migration.RoleSource, name, a.cfg.Node, req.To, req.Strategy, cancel)
+	o := &outgoing{a: a, job: j, m: migration.NewSource(req.Strategy), req: req, c: c, peer: peer,
+		send: transfer.SendOptions{Compression: comp, LinkBitsPerSecond: max(req.LinkBps, 0)}, comp: comp,
+		rec: journal.Record{ID: id, Role: migration.RoleSource, Container: name, Peer: req.To, Strategy: req.Strategy,
+			ImageDir: filepath.Join(a.scratchDir(), name+"-out")}}
+	a.jobs.add(j)
+	a.metrics.migrationStarted()
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		defer cancel(nil)
+		defer a.release(name)
+		o.run(jctx)
+	}()
+	return j, nil
+}
+
+// outgoing drives the source side of one migration: it performs the
+// actions of its migration.Source and reports their outcome as events.
+// Its fields belong to the goroutine running it.
+type outgoing struct {
+	a    *Agent
+	job  *job
+	m    *migration.Source
+	rec  journal.Record
+	req  migration.Request
+	c    *container
+	peer Peer
+	send transfer.SendOptions
+	comp transfer.Compression
+
+	tm        *migration.Timer
+	res       migration.Result
+	conn      *transfer.Conn
+	rss       int64
+	warm      *linux.Reserve
+	criuPages string // CRIU's page server (post-copy, hybrid)
+	proxyL    net.Listener
+	pageToken string
+	pre       *precopy.Source
+	layer     layerSnapshot
+	lazyStats lazyproxy.Stats
+	paused    bool
+	budget    time.Duration
+	fctx      context.Context // the frozen window: bounded by the budget
+	fcancel   context.CancelFunc
+	ckCancel  context.CancelFunc // aborts a lazy dump
+	ckDone    chan error         // a lazy dump's end
+	peerMsg   chan peerMessage
+	cleanup   []func()
+}
+
+// errFrozenBudget is the cause of the frozen window's context when its
+// budget runs out.
+var errFrozenBudget = migration.ErrFrozenBudget
+
+// run drives the migration to its end; ctx is cancelled by the operator
+// (before the freeze only).
+func (o *outgoing) run(ctx context.Context) {
+	o.tm = migration.NewTimer(nil)
+	o.res = migration.Result{ID: o.rec.ID, Container: o.rec.Container, From: o.a.cfg.Node, To: o.req.To, Strategy: o.req.Strategy}
+	acts, err := o.m.Step(migration.Event{Kind: migration.EvStart})
+	if err != nil {
+		o.finish(migration.Action{Kind: migration.ActFinish, Outcome: migration.OutcomeAborted, Err: err})
+		return
+	}
+	o.loop(ctx, acts)
+}
+
+// loop performs acts and feeds the machine the outcome until it finishes.
+func (o *outgoing) loop(ctx context.Context, acts []migration.Action) {
+	defer func() {
+		for i := len(o.cleanup) - 1; i >= 0; i-- {
+			o.cleanup[i]()
+		}
+	}()
+	for {
+		ev, done := o.perform(ctx, acts)
+		if done {
+			return
+		}
+		var err error
+		if acts, err = o.m.Step(ev); err != nil {
+			// A driver bug: end as safely as the phase allows.
+			o.a.log.Error("migration machine", "migration", o.rec.ID, "err", err)
+			if acts, _ = o.m.Step(migration.Event{Kind: migration.EvFailed, Err: err}); acts == nil {
+				o.finish(migration.Action{Kind: migration.ActFinish, Outcome: migration.OutcomeLost, Err: err})
+				return
+			}
+		}
+	}
+}
+
+// perform runs a batch; it returns the event of its awaited action, or
+// done when the batch finished the migration.
+func (o *outgoing) perform(ctx context.Context, acts []migration.Action) (migration.Event, bool) {
+	for _, act := range acts {
+		o.job.update(func(p *api.Progress) { p.Phase, p.Step = string(o.m.Phase()), act.Kind.String() })
+		switch act.Kind {
+		case migration.ActJournal:
+			if err := o.journal(act.Phase); err != nil {
+				if act.Phase.Final() {
+					o.a.log.Error("journal", "migration", o.rec.ID, "phase", act.Phase, "err", err)
+					continue
+				}
+				return migration.Event{Kind: migration.EvJournalFailed, Err: err}, false
+			}
+		case migration.ActAbortPeer:
+			o.abortPeer(act.Err)
+		case migration.ActFinish:
+			o.finish(act)
+			return migration.Event{}, true
+		default:
+			return o.do(ctx, act.Kind), false
+		}
+	}
+	return migration.Event{Kind: migration.EvFailed, Err: errors.New("batch without an awaited action")}, false
+}
+
+func (o *outgoing) journal(p migration.Phase) error {
+	o.rec.Phase = p
+	r, err := o.a.journal.Put(o.rec)
+	o.rec = r
+	return err
+}
+
+// do performs one awaited action.
+func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Event {
+	switch k {
+	case migration.ActPrepare:
+		return o.event(ctx, migration.EvPrepared, o.prepare(ctx))
+	case migration.ActRounds:
+		return o.event(ctx, migration.EvRoundsDone, o.rounds(ctx))
+	case migration.ActFreeze:
+		if !o.job.enterFreeze() {
+			return migration.Event{Kind: migration.EvCancel, Err: errCancelled}
+		}
+		return o.event(ctx, migration.EvFrozen, o.freeze())
+	case migration.ActDump:
+		return o.frozenEvent(migration.EvDumped, o.dump())
+	case migration.ActSend:
+		return o.frozenEvent(migration.EvSent, o.sendState())
+	case migration.ActAwaitRestored:
+		return o.awaitRestored()
+	case migration.ActCommit:
+		return o.event(ctx, migration.EvSwitched, o.commit())
+	case migration.ActAwaitLazy:
+		return o.event(ctx, migration.EvLazyDone, o.awaitLazy())
+	case migration.ActRelease:
+		return o.event(ctx, migration.EvReleased, o.releaseSource())
+	case migration.ActResume:
+		return o.event(ctx, migration.EvResumed, o.resume())
+	case migration.ActRestoreLocal:
+		return o.event(ctx, migration.EvResumed, o.restoreLocal())
+	}
+	return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("source cannot perform %s", k)}
+}
+
+// event maps an action's error to the machine's event: success, the
+// operator's cancel, the peer's abort, or a failure.
+func (o *outgoing) event(ctx context.Context, ok migration.EventKind, err error) migration.Event {
+	var pa *peerAbort
+	switch {
+	case err == nil:
+		return migration.Event{Kind: ok}
+	case errors.Is(context.Cause(ctx), errCancelled):
+		return migration.Event{Kind: migration.EvCancel, Err: errCancelled}
+	case errors.As(err, &pa):
+		return migration.Event{Kind: migration.EvPeerAborted, Err: err}
+	}
+	return migration.Event{Kind: migration.EvFailed, Err: err}
+}
+
+// frozenEvent is event for the actions bounded by the frozen budget.
+func (o *outgoing) frozenEvent(ok migration.EventKind, err error) migration.Event {
+	if err != nil && o.fctx != nil && errors.Is(context.Cause(o.fctx), errFrozenBudget) {
+		return migration.Event{Kind: migration.EvBudget, Err: fmt.Errorf("%w (%s): %v", errFrozenBudget, o.budget, err)}
+	}
+	return o.event(context.Background(), ok, err)
+}
+
+// peerAbort is the destination's reason for giving up.
+type peerAbort struct {
+	node, reason string
+}
+
+func (e *peerAbort) Error() string { return fmt.Sprintf("%s aborted: %s", e.node, e.reason) }
+
+// prepare connects to the destination, describes the service and waits
+// until it is ready. The service runs untouched.
+func (o *outgoing) prepare(ctx context.Context) error {
+	a, name := o.a, o.rec.Container
+	lazy, live := o.req.Strategy.Lazy(), o.req.Strategy.Live()
+	// The dump writes about the service's memory to tmpfs: ready that
+	// much now, outside the frozen window (linux.Reserve says why).
+	o.rss = cgroupRSS(a.cgroupsPath(name))
+	if !lazy {
+		o.warm = reserveFor(context.WithoutCancel(ctx), o.rss)
+		o.cleanup = append(o.cleanup, func() { o.warm.Close() })
+	}
+	o.job.update(func(p *api.Progress) { p.BytesTotal, p.BytesLeft = o.rss, o.rss })
+	tlsCfg, err := pki.ClientConfig(a.cfg.TLSDir, o.req.To)
+	if err != nil {
+		return fmt.Errorf("tls: %w", err)
+	}
+	conn, err := transfer.Dial(ctx, o.peer.Migrate, tlsCfg)
+	if err != nil {
+		return fmt.Errorf("connect to %s: %w", o.req.To, err)
+	}
+	o.conn = conn
+	o.cleanup = append(o.cleanup, func() { conn.Close() })
+	m := o.c.meta
+	prep := migration.Prepare{ID: o.rec.ID, Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
+		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: o.req.Strategy, From: a.cfg.Node, MemoryBytes: o.rss}
+	if lazy {
+		// Post-copy: CRIU serves the pages from loopback; the destination
+		// reaches it only through an authenticated tunnel with this token.
+		// Hybrid: the tunnel reaches a proxy in front of it instead, which
+		// sends only the pages the live rounds did not leave there.
+		if o.criuPages, err = a.pagePorts.pick(); err != nil {
+			return fmt.Errorf("page server port: %w", err)
+		}
+		prep.PageServer = o.criuPages
+		o.rec.PageServer = o.criuPages
+		if live {
+			var lc net.ListenConfig
+			lc.SetMultipathTCP(false)
+			if o.proxyL, err = lc.Listen(ctx, "tcp", "127.0.0.1:0"); err != nil {
+				return fmt.Errorf("page proxy: %w", err)
+			}
+			o.cleanup = append(o.cleanup, func() { o.proxyL.Close() })
+			prep.PageServer = o.proxyL.Addr().String()
+		}
+		o.pageToken = a.pages.add(prep.PageServer, o.req.To)
+		prep.PageToken = o.pageToken
+		o.cleanup = append(o.cleanup, func() { a.pages.remove(o.pageToken) })
+	}
+	if err := conn.WriteMsg(ctx, migration.MsgPrepare, prep); err != nil {
+		return fmt.Errorf("prepare %s: %w", o.req.To, err)
+	}
+	if err := expectFrom(ctx, conn, o.req.To, migration.MsgPrepared, nil); err != nil {
+		return fmt.Errorf("prepare on %s: %w", o.req.To, err)
+	}
+	if o.comp != transfer.CompressOff {
+		if err := conn.WarmCompression(); err != nil {
+			return err
+		}
+	}
+	o.tm.Mark(migration.PhasePrepare)
+	return nil
+}
+
+// rounds runs the live rounds; the service keeps running.
+func (o *outgoing) rounds(ctx context.Context) error {
+	var err error
+	o.pre, o.layer, o.res.Precopy, err = o.a.precopyRounds(ctx, o.conn, o.rec.Container, o.req.Rounds, o.send)
+	o.res.BytesOnWire += o.res.Precopy.LayerBytes
+	for _, r := range o.res.Precopy.Rounds {
+		o.res.BytesOnWire += r.Bytes
+	}
+	o.progress()
+	if err != nil {
+		return fmt.Errorf("pre-copy rounds (service still running on %s, not frozen): %w", o.a.cfg.Node, err)
+	}
+	o.tm.Mark(migration.PhasePrecopy)
+	return nil
+}
+
+// freeze hands the traffic to the destination (which holds it), freezes
+// the service and takes its network away. It starts the frozen window's
+// budget.
+func (o *outgoing) freeze() error {
+	a, name := o.a, o.rec.Container
+	o.budget = time.Duration(o.req.MaxFrozenMs) * time.Millisecond
+	if o.budget <= 0 {
+		o.budget = migration.FrozenBudget(o.rss+layerBytes(filepath.Join(a.dir(name), "upper")), o.req.LinkBps)
+	}
+	if o.proxyL != nil {
+		pctx, pcancel := context.WithCancel(a.runCtx)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_ = lazyproxy.ServeSource(pctx, o.proxyL, o.criuPages, o.pre.HoldsPage, &o.lazyStats, a.log)
+		}()
+		o.cleanup = append(o.cleanup, func() { pcancel(); <-done })
+	}
+	_ = os.RemoveAll(o.rec.ImageDir)
+	if o.warm != nil {
+		wctx, wcancel := context.WithTimeout(a.runCtx, reserveWait)
+		_ = o.warm.Wait(wctx)
+		wcancel()
+		_, _ = o.warm.Release(-1)
+		o.tm.Mark(migration.PhaseReserve)
+	}
+	o.res.Started = time.Now().UTC()
+	o.tm.Freeze()
+	fctx, fcancel := context.WithTimeoutCause(context.WithoutCancel(a.runCtx), o.budget, errFrozenBudget)
+	o.fctx, o.fcancel = fctx, fcancel
+	o.cleanup = append(o.cleanup, fcancel)
+	// The destination takes the service's traffic now and holds it.
+	a.setHandedOver(o.c, true)
+	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, struct{}{}); err != nil {
+		return fmt.Errorf("notify %s: %w", o.req.To, err)
+	}
+	// Freeze here, polling the cgroup closely (CRIU's own freezer waits
+	// 100 ms whenever its first look finds the cgroup still freezing, and
+	// `runc pause` would start a process inside the frozen window). CRIU
+	// dumps a frozen cgroup as it is, and leaves it frozen if the dump
+	// fails (thawed by resume).
+	o.paused = true
+	if tries, err := linux.FreezeCgroupSeizable(fctx, a.cgroupsPath(name), 20); err != nil {
+		o.paused = false
+		a.log.Warn("freeze before dump; CRIU freezes instead", "container", name, "err", err)
+	} else if tries > 1 {
+		a.log.Info("froze again: a task was in a vfork", "container", name, "tries", tries)
+	}
+	// The network lock (CRIU's is skipped, runc.SkipNetworkLock): the
+	// frozen sockets get no packets, and no reset leaves once the dumped
+	// tasks are gone. Every way back to this node brings it up again.
+	if err := a.plane.SetHostLink(name, false); err != nil {
+		a.log.Warn("network lock before dump", "container", name, "err", err)
+	}
+	return nil
+}
+
+// dump checkpoints the service; a lazy dump returns once its page server
+// is up and goes on serving pages.
+func (o *outgoing) dump() error {
+	a, name := o.a, o.rec.Container
+	ckOpts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true}
+	var err error
+	if o.req.Strategy.Lazy() {
+		ckCtx, ckCancel := context.WithCancel(context.WithoutCancel(a.runCtx))
+		o.ckCancel, o.ckDone = ckCancel, make(chan error, 1)
+		o.cleanup = append(o.cleanup, ckCancel)
+		ready := make(chan struct{})
+		ckOpts.LazyPages, ckOpts.PageServer = true, o.criuPages
+		ckOpts.Ready = func() { close(ready) }
+		go func() { o.ckDone <- a.rt.Checkpoint(ckCtx, name, ckOpts) }()
+		select {
+		case <-ready:
+		case err = <-o.ckDone:
+			o.ckDone <- err // for resume, which waits for the dump's end
+			if err == nil {
+				err = errors.New("lazy dump ended before its page server was ready")
+			}
+		case <-o.fctx.Done():
+			err = context.Cause(o.fctx)
+		}
+	} else {
+		err = a.rt.Checkpoint(o.fctx, name, ckOpts)
+	}
+	if err != nil {
+		return fmt.Errorf("dump: %w", err)
+	}
+	o.tm.Mark(migration.PhaseDump)
+	if st, serr := runc.ReadDumpStats(o.rec.ImageDir); serr == nil && !o.req.Strategy.Lazy() {
+		o.res.CRIU = dumpStatsMap(st)
+	}
+	// The destination may give up while we stream (disk full, restore
+	// impossible): read its messages concurrently, so its reason is what
+	// we report rather than a reset connection.
+	o.peerMsg = make(chan peerMessage, 1)
+	go func() {
+		typ, body, err := o.conn.ReadMsg(o.fctx)
+		o.peerMsg <- peerMessage{typ, body, err}
+	}()
+	return nil
+}
+
+// sendState sends the images and the writable layer (pre-copy: only what
+// the rounds did not leave on the destination).
+func (o *outgoing) sendState() error {
+	a, name, ctx := o.a, o.rec.Container, o.fctx
+	stop := o.watchProgress()
+	defer stop()
+	opts := o.send
+	opts.Name = "images"
+	if o.pre != nil && !o.req.Strategy.Lazy() {
+		fst, err := o.pre.SendFinal(ctx, o.conn, o.rec.ImageDir)
+		o.res.BytesOnWire += fst.Bytes()
+		p := o.res.Precopy
+		p.DumpPages, p.HeldPages, p.CopyPages, p.ZeroPages, p.DataPages = fst.Pages, fst.HeldPages, fst.CopyPages, fst.ZeroPages, fst.DataPages
+		p.FinalBytes = fst.Bytes()
+		o.res.StateBytes += fst.DumpBytes
+		if err != nil {
+			return o.peerReason(fmt.Errorf("send final delta: %w", err))
+		}
+	} else {
+		st1, err := o.conn.SendDir(ctx, o.rec.ImageDir, opts)
+		if err != nil {
+			return o.peerReason(fmt.Errorf("send images: %w", err))
+		}
+		o.res.BytesOnWire += st1.WireBytes
+		o.res.StateBytes += st1.PayloadBytes
+		o.res.Compressed = st1.Compressed
+		o.res.CompressionNote = st1.AutoNote
+	}
+	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
+	var st2 transfer.Stats
+	var err error
+	if o.pre != nil {
+		// Only what changed since the live copy, and what is left.
+		var n int
+		st2, n, err = sendLayerDelta(ctx, o.conn, filepath.Join(a.dir(name), "upper"), o.layer, opts)
+		o.res.Precopy.LayerChanged = n
+	} else {
+		st2, err = o.conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
+	}
+	if err != nil {
+		return o.peerReason(fmt.Errorf("send writable layer: %w", err))
+	}
+	o.res.BytesOnWire += st2.WireBytes
+	o.res.StateBytes += st2.PayloadBytes
+	o.res.Compressed = o.res.Compressed || st2.Compressed
+	o.tm.Mark(migration.PhaseTransfer)
+	return nil
+}
+
+// peerReason prefers the destination's own reason, if it gave one, to a
+// broken connection.
+func (o *outgoing) peerReason(cause error) error {
+	select {
+	case m := <-o.peerMsg:
+		if m.typ == migration.MsgAbort {
+			var ab migration.Abort
+			_ = json.Unmarshal(m.body, &ab)
+			return &peerAbort{node: o.req.To, reason: ab.Reason}
+		}
+		o.peerMsg <- m
+	case <-time.After(time.Second):
+	}
+	return cause
+}
+
+// awaitRestored waits for the destination's restore report.
+func (o *outgoing) awaitRestored() migration.Event {
+	wait := migration.RestoreDeadline(o.res.StateBytes) + migration.RestoreGrace
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var m peerMessage
+	select {
+	case m = <-o.peerMsg:
+	case <-o.fctx.Done():
+		return migration.Event{Kind: migration.EvBudget, Err: fmt.Errorf("%w (%s) waiting for %s's restore", errFrozenBudget, o.budget, o.req.To)}
+	case <-timer.C:
+		m.err = fmt.Errorf("no answer within %s of the images' arrival", wait)
+	}
+	var restored migration.RestoreReport
+	if err := m.as(migration.MsgRestored, &restored); err != nil {
+		if m.typ == migration.MsgAbort {
+			return migration.Event{Kind: migration.EvPeerAborted, Err: fmt.Errorf("restore on %s: %w", o.req.To, err)}
+		}
+		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("restore on %s: %w", o.req.To, err)}
+	}
+	o.tm.Mark(migration.PhaseRestore)
+	dest := restored
+	dest.CRIU = nil // merged into res.CRIU below
+	o.res.Destination = &dest
+	o.tm.Add(migration.PhaseNetwork, restored.NetworkMs)
+	for k, v := range restored.CRIU {
+		if o.res.CRIU == nil {
+			o.res.CRIU = map[string]float64{}
+		}
+		o.res.CRIU[k] = v
+	}
+	return migration.Event{Kind: migration.EvRestored}
+}
+
+// commit tells the destination the service is its own (the journal
+// already says so) and waits for its confirmation, which ends the
+// downtime: the destination delivers the held packets once it committed.
+func (o *outgoing) commit() error {
+	a, name := o.a, o.rec.Container
+	// Dropped from this node's table first, so a destination that loses
+	// this connection and asks learns it must switch.
+	a.mu.Lock()
+	delete(a.containers, name)
+	a.mu.Unlock()
+	if o.c.log != nil {
+		o.c.log.Close()
+	}
+	if o.conn == nil {
+		return errors.New("no connection to the destination: it reads the commit from this node's journal")
+	}
+	ctx, cancel := context.WithTimeout(a.runCtx, 30*time.Second)
+	defer cancel()
+	var sw migration.Switched
+	err := o.conn.WriteMsg(ctx, migration.MsgCommit, struct{}{})
+	if err == nil {
+		err = expectFrom(ctx, o.conn, o.req.To, migration.MsgSwitched, &sw)
+	}
+	o.res.DowntimeMs = migration.Ms(o.tm.Downtime())
+	o.res.HeldPackets = sw.Held
+	o.tm.Mark(migration.PhaseCommit)
+	if err != nil {
+		a.log.Warn("no switch confirmation; the destination decides from our journal", "container", name, "err", err)
+	}
+	return err
+}
+
+// awaitLazy waits until the lazy dump served every page. Losing this node
+// or the link before that loses the service: post-copy's risk, which no
+// rollback can cover.
+func (o *outgoing) awaitLazy() error {
+	err := <-o.ckDone
+	o.tm.Mark(migration.PhaseLazy)
+	o.res.BytesOnWire += o.a.pages.movedBytes(o.pageToken, 2*time.Second)
+	if o.res.Precopy != nil {
+		o.res.Precopy.LazyHeldPages, o.res.Precopy.LazyDataPages = o.lazyStats.HeldPages.Load(), o.lazyStats.DataPages.Load()
+	}
+	if err != nil {
+		o.a.log.Error("post-copy page transfer failed after the switch: the service on the destination may be broken", "container", o.rec.Container, "err", err)
+		return fmt.Errorf("post-copy pages not all delivered: %w", err)
+	}
+	return nil
+}
+
+// releaseSource removes the migrated container's remains here (the runc
+// container is already gone after the dump).
+func (o *outgoing) releaseSource() error {
+	err := o.a.releaseSource(context.WithoutCancel(o.a.runCtx), o.rec.Container)
+	_ = os.RemoveAll(o.rec.ImageDir)
+	o.tm.Mark(migration.PhaseCleanup)
+	o.res.SourceFreeMs = migration.Ms(o.tm.Elapsed())
+	if err != nil {
+		o.a.log.Warn("source cleanup", "container", o.rec.Container, "err", err)
+	}
+	return err
+}
+
+// abortPeer tells the destination this side gives up, and closes the
+// connection.
+func (o *outgoing) abortPeer(cause error) {
+	if o.conn == nil {
+		return
+	}
+	reason := "source gave up"
+	if cause != nil {
+		reason = cause.Error()
+	}
+	ctx, cancel := context.WithTimeout(o.a.runCtx, 2*time.Second)
+	defer cancel()
+	_ = o.conn.WriteMsg(ctx, migration.MsgAbort, migration.Abort{Reason: reason})
+	o.conn.Close()
+}
+
+// resume takes the service back after a failed freeze or dump: CRIU
+// resumed it (or never stopped it); thaw, unlock its network and point the
+// overlay back here.
+func (o *outgoing) resume() error {
+	a, name, ctx := o.a, o.rec.Container, context.WithoutCancel(o.a.runCtx)
+	if o.ckCancel != nil {
+		o.ckCancel()
+		<-o.ckDone
+	}
+	uerr := netplane.Unlock(a.nsPath(name)) // a CRIU configured to lock
+	uerr = errors.Join(uerr, linux.ThawCgroup(ctx, a.cgroupsPath(name)))
+	uerr = errors.Join(uerr, a.plane.SetHostLink(name, true))
+	rerr := a.ensureRunning(ctx, name)
+	a.reclaimTraffic(ctx, o.c)
+	o.res.DowntimeMs = migration.Ms(o.tm.Downtime())
+	o.tm.Mark(migration.PhaseRollback)
+	if rerr != nil {
+		return errors.Join(rerr, uerr)
+	}
+	if uerr != nil {
+		a.log.Warn("resume after failed dump", "container", name, "err", uerr)
+	}
+	return nil
+}
+
+// restoreLocal brings the service back here from its images after a
+// failure past the dump.
+func (o *outgoing) restoreLocal() error {
+	if o.ckCancel != nil {
+		// Cancelling a lazy dump makes CRIU abort it: the service
+		// resumes where it was, with all its memory.
+		o.ckCancel()
+		<-o.ckDone
+	}
+	if o.conn != nil {
+		o.conn.Close()
+	}
+	err := o.a.restoreLocal(context.WithoutCancel(o.a.runCtx), o.c, o.rec.ImageDir, o.paused)
+	o.tm.Mark(migration.PhaseRollback)
+	o.res.DowntimeMs = migration.Ms(o.tm.Downtime())
+	if err != nil {
+		return fmt.Errorf("rollback failed, service lost: %w", err)
+	}
+	return nil
+}
+
+// finish records the outcome.
+func (o *outgoing) finish(act migration.Action) {
+	a := o.a
+	res := &o.res
+	res.PhasesMs = o.tm.Phases()
+	res.TotalMs = migration.Ms(o.tm.Elapsed())
+	res.Outcome = act.Outcome
+	res.OK = act.Outcome == migration.OutcomeOK
+	res.RolledBack = act.Outcome == migration.OutcomeRolledBack
+	if act.Err != nil {
+		msg := act.Err.Error()
+		switch act.Outcome {
+		case migration.OutcomeRolledBack:
+			msg += fmt.Sprintf(" (service resumed on %s)", a.cfg.Node)
+		case migration.OutcomeAborted:
+			msg += fmt.Sprintf(" (service still running on %s, never frozen)", a.cfg.Node)
+		}
+		res.Error = msg
+	}
+	if res.OK {
+		a.log.Info("migrated", "container", res.Container, "to", res.To, "downtime_ms", res.DowntimeMs, "migration", res.ID)
+	} else {
+		a.log.Warn("migration failed", "container", res.Container, "to", res.To, "strategy", res.Strategy,
+			"outcome", act.Outcome, "migration", res.ID, "err", res.Error)
+	}
+	a.recordHistory(*res)
+	a.metrics.observe(*res, migration.RoleSource)
+	o.job.end(act.Outcome, res)
+}
+
+// progress reports bytes moved so far.
+func (o *outgoing) progress() {
+	o.job.update(func(p *api.Progress) {
+		p.BytesSent = o.res.BytesOnWire
+		if p.BytesTotal > 0 {
+			p.BytesLeft = max(p.BytesTotal-p.BytesSent, 0)
+		}
+	})
+}
+
+// watchProgress reports the connection's send rate and what is left while
+// a stream runs, every 250 ms; the returned function stops it.
+func (o *outgoing) watchProgress() func() {
+	done := make(chan struct{})
+	stopped := make(chan struct{})
+	base := o.res.BytesOnWire
+	start := o.conn.Sent()
+	go func() {
+		defer close(stopped)
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		last, lastAt := start, time.Now()
+		for {
+			select {
+			case <-done:
+				return
+			case now := <-t.C:
+				n := o.conn.Sent()
+				rate := float64(n-last) * 8 / now.Sub(lastAt).Seconds()
+				last, lastAt = n, now
+				o.job.update(func(p *api.Progress) {
+					p.BytesSent = base + n - start
+					p.RateBps = rate
+					if p.BytesTotal > 0 {
+						p.BytesLeft = max(p.BytesTotal-p.BytesSent, 0)
+						if rate > 0 {
+							p.ETASeconds = float64(p.BytesLeft) * 8 / rate
+						}
+					}
+				})
+			}
+		}
+	}()
+	return func() { close(done); <-stopped }
+}
+
+// layerBytes is the size of the files under dir (the writable layer).
+func layerBytes(dir string) int64 {
+	var n int64
+	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
+		if err == nil && d.Type().IsRegular() {
+			if fi, err := d.Info(); err == nil {
+				n += fi.Size()
+			}
+		}
+		return nil
+	})
+	return n
+}
+
+// ensureRunning checks the service survived a failed dump.
+func (a *Agent) ensureRunning(ctx context.Context, name string) error {
+	st, err := a.rt.State(ctx, name)
+	if err != nil {
+		return fmt.Errorf("service state after failed dump: %w", err)
+	}
+	if st.Status != runc.StatusRunning {
+		return fmt.Errorf("service is %s after failed dump", st.Status)
+	}
+	return nil
+}
+
+// restoreLocal brings a checkpointed container back on this node, in its
+// original namespace: thawed if it still runs (frozen), restored from its
+// images in imgDir if it is gone.
+func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, thaw bool) error {
+	name := c.meta.Name
+	st, err := a.rt.State(ctx, name)
+	switch {
+	case err == nil && (st.Status == runc.StatusRunning || st.Status == runc.StatusPaused):
+		// The dump never completed: the processes are still there.
+		if err := linux.ThawCgroup(ctx, a.cgroupsPath(name)); err != nil && thaw {
+			return fmt.Errorf("thaw: %w", err)
+		}
+	default:
+		if err == nil {
+			// Stopped: a dump that completed but whose runc was killed
+			// before it removed the container.
+			if derr := a.rt.Delete(ctx, name, true); derr != nil {
+				return fmt.Errorf("remove the dumped container's state: %w", derr)
+			}
+		}
+		if _, serr := os.Stat(filepath.Join(imgDir, "inventory.img")); serr != nil {
+			return fmt.Errorf("no checkpoint images in %s to restore from: %w", imgDir, serr)
+		}
+		lf, err := os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		if err != nil {
+			return err
+		}
+		if _, err := a.rt.Restore(ctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+			lf.Close()
+			return err
+		}
+		a.mu.Lock()
+		if c.log != nil {
+			c.log.Close()
+		}
+		c.log = lf
+		a.mu.Unlock()
+	}
+	// The sockets are back: lift the dump's network lock.
+	if err := netplane.Unlock(a.nsPath(name)); err != nil {
+		a.log.Warn("remove CRIU lock chain", "container", name, "err", err)
+	}
+	if err := a.plane.SetHostLink(name, true); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.containers[name] = c
+	a.mu.Unlock()
+	a.reclaimTraffic(ctx, c)
+	return nil
+}
+
+// reclaimTraffic points the overlay back at this node for a service that
+// stayed or came back here: the sticky local bridge entry, then every
+// peer's FDB. A peer that cannot be told (the failed destination,
+// typically) learns from the endpoint list when it is back, so this is
+// not a failure.
+func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
+	a.setHandedOver(c, false)
+	mac, _ := net.ParseMAC(c.meta.MAC)
+	a.fdb.stamp(mac.String(), time.Now())
+	if err := a.plane.DelRemote(mac); err != nil {
+		a.log.Warn("drop remote fdb", "container", c.meta.Name, "err", err)
+	}
+	if err := a.plane.PinLocal(mac, c.meta.Name); err != nil {
+		a.log.Warn("pin local fdb", "container", c.meta.Name, "err", err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if err := a.announce(actx, a.endpoint(c), false); err != nil {
+		a.log.Warn("announce after rollback", "container", c.meta.Name, "err", err)
+	}
+}
+
+// setHandedOver marks c as handed over to a migration's destination (or
+// back).
+func (a *Agent) setHandedOver(c *container, v bool) {
+	a.mu.Lock()
+	c.handedOver = v
+	a.mu.Unlock()
+}
+
+// releaseSource removes the migrated container's remains here (the runc
+// container is already gone after the dump).
+func (a *Agent) releaseSource(ctx context.Context, name string) error {
+	var errs []error
+	if _, err := a.rt.State(ctx, name); err == nil {
+		errs = append(errs, a.rt.Delete(ctx, name, true))
+	}
+	errs = append(errs, a.plane.Detach(name), linux.Unmount(a.rootfs(name)), linux.DeleteNetNS(a.nsPath(name)))
+	errs = append(errs, os.RemoveAll(a.dir(name)))
+	a.mu.Lock()
+	delete(a.containers, name)
+	a.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+// peerMessage is one message read from the peer.
+type peerMessage struct {
+	typ  string
+	body json.RawMessage
+	err  error
+}
+
+// as requires the message to be typ and decodes it into v; an abort
+// becomes a *peerAbort with the peer's reason.
+func (m peerMessage) as(typ string, v any) error {
+	if m.err != nil {
+		return m.err
+	}
+	if m.typ == migration.MsgAbort {
+		var ab migration.Abort
+		_ = json.Unmarshal(m.body, &ab)
+		return &peerAbort{node: "peer", reason: ab.Reason}
+	}
+	if m.typ != typ {
+		return fmt.Errorf("protocol: got %q, want %q", m.typ, typ)
+	}
+	if v != nil {
+		return json.Unmarshal(m.body, v)
+	}
+	return nil
+}
+
+// expectFrom reads the next message and requires typ; an abort becomes a
+// *peerAbort naming node.
+func expectFrom(ctx context.Context, conn *transfer.Conn, node, typ string, v any) error {
+	got, body, err := conn.ReadMsg(ctx)
+	err = peerMessage{got, body, err}.as(typ, v)
+	var pa *peerAbort
+	if errors.As(err, &pa) {
+		pa.node = node
+	}
+	return err
+}
+
+// expect is expectFrom without a node name.
+func expect(ctx context.Context, conn *transfer.Conn, typ string, v any) error {
+	return expectFrom(ctx, conn, "peer", typ, v)
+}

@@ -1,0 +1,104 @@
+package agent
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"regexp"
+	"strings"
+
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
+)
+
+var (
+	digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
+	imageRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:/@-]{0,255}$`)
+	tokenRE  = regexp.MustCompile(`^[0-9a-f]{32}$`)
+)
+
+// Bounds of what a peer may describe.
+const (
+	maxArgs      = 256
+	maxArgBytes  = 4096
+	maxEnv       = 512
+	maxEnvBytes  = 8192
+	maxStateSize = 1 << 40
+)
+
+// validatePrepare checks everything a source says about the service it
+// sends before anything is touched here: it comes from the peer named by
+// the connection's certificate, names and digests have their forms, the
+// address is an overlay service address and the MAC the one derived from
+// it, sizes and lists are bounded. Every refusal names the field.
+func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
+	bad := func(format string, args ...any) error {
+		return fmt.Errorf("%w: prepare from %s: %s", ErrInvalid, sender, fmt.Sprintf(format, args...))
+	}
+	if _, err := a.nodePeer(sender); err != nil {
+		return err
+	}
+	if p.From != sender {
+		return fmt.Errorf("%w: prepare claims to come from %q but the connection's certificate is %q's", ErrForbidden, p.From, sender)
+	}
+	if !journal.ValidID(p.ID) {
+		return bad("migration id %q: want 16 hex digits", p.ID)
+	}
+	if !containerNameRE.MatchString(p.Name) {
+		return bad("container name %q: letters, digits, '_', '.', '-' (max 63)", p.Name)
+	}
+	if !imageRE.MatchString(p.Image) || strings.Contains(p.Image, "..") {
+		return bad("image name %q", p.Image)
+	}
+	if !digestRE.MatchString(p.Digest) {
+		return bad("image digest %q: want sha256: and 64 hex digits", p.Digest)
+	}
+	ip, err := netip.ParseAddr(p.IP)
+	if err != nil || !ip.Is4() || !a.cfg.Overlay.Contains(ip) || ip == a.cfg.Gateway ||
+		ip == a.cfg.Overlay.Masked().Addr() || ip == netipBroadcast(a.cfg.Overlay) {
+		return bad("address %q is not a service address of the overlay %v", p.IP, a.cfg.Overlay)
+	}
+	if want := netplane.MACFor(ip).String(); p.MAC != want {
+		return bad("MAC %q is not the one of %s (%s)", p.MAC, ip, want)
+	}
+	switch p.Strategy {
+	case migration.StopAndCopy, migration.PostCopy, migration.PreCopy, migration.Hybrid:
+	default:
+		return bad("strategy %q", p.Strategy)
+	}
+	if len(p.Args) == 0 || len(p.Args) > maxArgs {
+		return bad("%d arguments (1 to %d)", len(p.Args), maxArgs)
+	}
+	for i, s := range p.Args {
+		if len(s) > maxArgBytes {
+			return bad("argument %d is %d bytes (at most %d)", i, len(s), maxArgBytes)
+		}
+	}
+	if len(p.Env) > maxEnv {
+		return bad("%d environment variables (at most %d)", len(p.Env), maxEnv)
+	}
+	for i, s := range p.Env {
+		if len(s) > maxEnvBytes || !strings.Contains(s, "=") {
+			return bad("environment entry %d is not NAME=value of at most %d bytes", i, maxEnvBytes)
+		}
+	}
+	if p.Cwd != "" && (!filepath.IsAbs(p.Cwd) || filepath.Clean(p.Cwd) != p.Cwd) {
+		return bad("working directory %q: want a clean absolute path", p.Cwd)
+	}
+	if p.MemoryBytes < 0 || p.MemoryBytes > maxStateSize {
+		return bad("memory %d bytes", p.MemoryBytes)
+	}
+	if p.Strategy.Lazy() {
+		ap, err := netip.ParseAddrPort(p.PageServer)
+		if err != nil || !ap.Addr().IsLoopback() || ap.Port() == 0 {
+			return bad("page server %q: want a loopback host:port", p.PageServer)
+		}
+		if !tokenRE.MatchString(p.PageToken) {
+			return bad("page token: want 32 hex digits")
+		}
+	} else if p.PageServer != "" || p.PageToken != "" {
+		return bad("a page server for strategy %s", p.Strategy)
+	}
+	return nil
+}

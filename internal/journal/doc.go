@@ -1,0 +1,11 @@
+// Package journal persists the phase of every migration a node takes part
+// in, one small JSON file per migration, written atomically (temporary
+// file fsynced, renamed, directory fsynced) before the agent acts on the
+// phase. An agent that restarts reads it back to settle what a crash
+// interrupted (migration.RecoverSource, migration.RecoverDest), and peers
+// ask for a migration's phase through the agent's peer API: the source's
+// entry Committed is the commit point of a migration.
+//
+// It must not decide anything: the migration package does. It reads only
+// files it wrote, and validates every record it reads.
+package journal

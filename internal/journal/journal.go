@@ -1,0 +1,222 @@
+package journal
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+)
+
+// Record is what a node persists about one migration.
+type Record struct {
+	ID        string             `json:"id"`
+	Role      migration.Role     `json:"role"`
+	Container string             `json:"container"`
+	Peer      string             `json:"peer"` // the other side's node
+	Strategy  migration.Strategy `json:"strategy"`
+	Phase     migration.Phase    `json:"phase"`
+	Started   time.Time          `json:"started"`
+	Updated   time.Time          `json:"updated"`
+	// ImageDir is where the source's dump writes its images: a restarted
+	// source restores the service from there.
+	ImageDir string `json:"image_dir,omitempty"`
+	// PageServer is the lazy dump's page server (post-copy, hybrid): a
+	// restarted source makes it fail so CRIU resumes the service.
+	PageServer string `json:"page_server,omitempty"`
+	// Error is why the migration did not end well.
+	Error string `json:"error,omitempty"`
+}
+
+// Errors callers branch on.
+var (
+	ErrNotFound = errors.New("no such migration in the journal")
+	ErrInvalid  = errors.New("invalid journal record")
+)
+
+var (
+	idRE   = regexp.MustCompile(`^[0-9a-f]{16}$`)
+	nameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
+)
+
+// NewID returns a fresh migration id: 16 lowercase hex digits.
+func NewID() string {
+	b := make([]byte, 8)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// ValidID reports whether id has the form NewID returns.
+func ValidID(id string) bool { return idRE.MatchString(id) }
+
+// Validate reports what is wrong with r.
+func (r Record) Validate() error {
+	var errs []error
+	if !ValidID(r.ID) {
+		errs = append(errs, fmt.Errorf("id %q: want 16 hex digits", r.ID))
+	}
+	if r.Role != migration.RoleSource && r.Role != migration.RoleDestination {
+		errs = append(errs, fmt.Errorf("role %q", r.Role))
+	}
+	if !nameRE.MatchString(r.Container) {
+		errs = append(errs, fmt.Errorf("container %q", r.Container))
+	}
+	if !nameRE.MatchString(r.Peer) {
+		errs = append(errs, fmt.Errorf("peer %q", r.Peer))
+	}
+	if _, err := migration.ParseStrategy(string(r.Strategy)); err != nil || r.Strategy == migration.Auto || r.Strategy == "" {
+		errs = append(errs, fmt.Errorf("strategy %q", r.Strategy))
+	}
+	if !r.Phase.Valid() {
+		errs = append(errs, fmt.Errorf("phase %q", r.Phase))
+	}
+	if r.ImageDir != "" && (!filepath.IsAbs(r.ImageDir) || filepath.Clean(r.ImageDir) != r.ImageDir) {
+		errs = append(errs, fmt.Errorf("image dir %q: want a clean absolute path", r.ImageDir))
+	}
+	if len(r.Error) > 4096 {
+		errs = append(errs, fmt.Errorf("error text of %d bytes", len(r.Error)))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalid, err)
+	}
+	return nil
+}
+
+// Journal is one node's migration journal. Safe for concurrent use.
+type Journal struct {
+	dir string
+	mu  sync.Mutex // serialises writes of one record after another
+	now func() time.Time
+}
+
+// Open opens (creating) the journal in dir.
+func Open(dir string) (*Journal, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	return &Journal{dir: dir, now: time.Now}, nil
+}
+
+// Dir is where the records live.
+func (j *Journal) Dir() string { return j.dir }
+
+func (j *Journal) path(id string) string { return filepath.Join(j.dir, id+".json") }
+
+// Put persists r durably (file and directory fsynced) and returns it as
+// written (Updated set).
+func (j *Journal) Put(r Record) (Record, error) {
+	r.Updated = j.now().UTC()
+	if r.Started.IsZero() {
+		r.Started = r.Updated
+	}
+	if err := r.Validate(); err != nil {
+		return r, err
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		return r, err
+	}
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if err := linux.WriteFileDurable(j.path(r.ID), b, 0o600); err != nil {
+		return r, fmt.Errorf("journal %s: %w", r.ID, err)
+	}
+	return r, nil
+}
+
+// Get reads the record of migration id.
+func (j *Journal) Get(id string) (Record, error) {
+	if !ValidID(id) {
+		return Record{}, fmt.Errorf("%w: id %q", ErrNotFound, id)
+	}
+	b, err := os.ReadFile(j.path(id))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Record{}, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return Record{}, fmt.Errorf("journal %s: %w", id, err)
+	}
+	r, err := Decode(b)
+	if err == nil && r.ID != id {
+		err = fmt.Errorf("%w: file %s holds id %q", ErrInvalid, id, r.ID)
+	}
+	return r, err
+}
+
+// maxRecordBytes bounds what Decode reads: a record is a few hundred bytes.
+const maxRecordBytes = 64 << 10
+
+// Decode parses and validates one record.
+func Decode(b []byte) (Record, error) {
+	var r Record
+	if len(b) > maxRecordBytes {
+		return r, fmt.Errorf("%w: %d bytes", ErrInvalid, len(b))
+	}
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return r, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	if dec.More() {
+		return r, fmt.Errorf("%w: data after the record", ErrInvalid)
+	}
+	return r, r.Validate()
+}
+
+// List returns every readable record, oldest first, and the joined errors
+// of files that are not valid records (left in place for an operator).
+func (j *Journal) List() ([]Record, error) {
+	ents, err := os.ReadDir(j.dir)
+	if err != nil {
+		return nil, fmt.Errorf("journal: %w", err)
+	}
+	var out []Record
+	var errs []error
+	for _, e := range ents {
+		id, ok := strings.CutSuffix(e.Name(), ".json")
+		if !ok || !e.Type().IsRegular() {
+			continue // temporary files of an interrupted write, strays
+		}
+		r, err := j.Get(id)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+			continue
+		}
+		out = append(out, r)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Started.Before(out[b].Started) })
+	return out, errors.Join(errs...)
+}
+
+// Prune removes records of ended migrations beyond the newest keep ones.
+// Records still in progress are never removed.
+func (j *Journal) Prune(keep int) error {
+	rs, err := j.List()
+	if err != nil && rs == nil {
+		return err
+	}
+	var ended []Record
+	for _, r := range rs {
+		if r.Phase.Final() {
+			ended = append(ended, r)
+		}
+	}
+	var errs []error
+	for i := 0; i < len(ended)-keep; i++ {
+		if err := os.Remove(j.path(ended[i].ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,321 @@
+package migration
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the golden files in testdata")
+
+var errX = errors.New("boom")
+
+func ev(k EventKind) Event { return Event{Kind: k} }
+func fail() Event          { return Event{Kind: EvFailed, Err: errX} }
+
+// run feeds events to m and returns every action, as strings, in order.
+func run(t *testing.T, m stepper, events ...Event) []string {
+	t.Helper()
+	var out []string
+	for _, e := range events {
+		acts, err := m.Step(e)
+		if err != nil {
+			t.Fatalf("Step(%s): %v (so far: %s)", e.Kind, err, strings.Join(out, ", "))
+		}
+		for _, a := range acts {
+			out = append(out, a.String())
+		}
+	}
+	return out
+}
+
+func join(s ...string) string { return strings.Join(s, ", ") }
+
+// Scenario tables: each row is a sequence of events and every action the
+// machine must take in answer, phase by phase and failure by failure.
+func TestSourceScenarios(t *testing.T) {
+	start := []string{"journal preparing", "prepare"}
+	freeze := []string{"journal frozen", "freeze"}
+	for _, tc := range []struct {
+		name     string
+		strategy Strategy
+		events   []Event
+		want     []string
+	}{
+		{"stop-and-copy happy path", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), ev(EvSwitched), ev(EvReleased)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
+				"journal committed", "commit", "release source", "journal done", "finish ok")},
+		{"pre-copy runs live rounds before the freeze", PreCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvRoundsDone)},
+			append(append(append([]string{}, start...), "journal live-rounds", "live rounds"), freeze...)},
+		{"post-copy waits for the lazy pages after the commit", PostCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), ev(EvSwitched), ev(EvLazyDone), ev(EvReleased)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
+				"journal committed", "commit", "await lazy pages", "release source", "journal done", "finish ok")},
+		{"prepare fails: aborted, the service never stopped", StopAndCopy,
+			[]Event{ev(EvStart), fail()},
+			append(append([]string{}, start...), "abort peer", "journal aborted", "finish aborted (boom)")},
+		{"the destination refuses: no abort sent back", StopAndCopy,
+			[]Event{ev(EvStart), {Kind: EvPeerAborted, Err: errX}},
+			append(append([]string{}, start...), "journal aborted", "finish aborted (boom)")},
+		{"cancelled during the live rounds", Hybrid,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvCancel)},
+			append(append([]string{}, start...), "journal live-rounds", "live rounds", "abort peer", "journal aborted", "finish aborted (cancelled)")},
+		{"a live round fails: aborted", PreCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), fail()},
+			append(append([]string{}, start...), "journal live-rounds", "live rounds", "abort peer", "journal aborted", "finish aborted (boom)")},
+		{"the freeze fails: resumed, not restored", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), fail(), ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "abort peer", "resume", "journal rolled-back", "finish rolled-back (boom)")},
+		{"the dump fails: resumed", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), fail(), ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "dump", "abort peer", "resume", "journal rolled-back", "finish rolled-back (boom)")},
+		{"sending fails after the dump: restored from images", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), fail(), ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "abort peer", "restore on source", "journal rolled-back", "finish rolled-back (boom)")},
+		{"the destination's restore fails: restored from images, no abort echoed", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), {Kind: EvPeerAborted, Err: errX}, ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
+				"restore on source", "journal rolled-back", "finish rolled-back (boom)")},
+		{"the frozen budget runs out while waiting for the restore", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvBudget), ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
+				"abort peer", "restore on source", "journal rolled-back", "finish rolled-back (frozen-window budget exhausted)")},
+		{"the rollback fails: lost", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), fail(), fail()},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "abort peer", "restore on source", "journal lost", "finish lost (boom\nboom)")},
+		{"no confirmation after the commit: still ok", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), fail(), ev(EvReleased)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
+				"journal committed", "commit", "release source", "journal done", "finish ok")},
+		{"the commit cannot be journaled: rolled back, never committed", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), {Kind: EvJournalFailed, Err: errX}, ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
+				"journal committed", "commit", "abort peer", "restore on source", "journal rolled-back", "finish rolled-back (boom)")},
+		{"the freeze cannot be journaled: nothing froze", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), {Kind: EvJournalFailed, Err: errX}, ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "abort peer", "resume", "journal rolled-back", "finish rolled-back (boom)")},
+		{"cancelled as the freeze begins", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvCancel)},
+			append(append(append([]string{}, start...), freeze...), "abort peer", "journal aborted", "finish aborted (cancelled)")},
+		{"post-copy pages lost after the commit: ok with the error", PostCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), ev(EvSwitched), fail(), ev(EvReleased)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
+				"journal committed", "commit", "await lazy pages", "release source", "journal done", "finish ok (boom)")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := run(t, NewSource(tc.strategy), tc.events...)
+			if join(got...) != join(tc.want...) {
+				t.Errorf("actions\n got: %s\nwant: %s", join(got...), join(tc.want...))
+			}
+		})
+	}
+}
+
+func TestDestScenarios(t *testing.T) {
+	start := []string{"journal preparing", "set up"}
+	upToRestore := append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze",
+		"journal frozen", "take traffic (held)", "receive state", "journal transferred", "restore",
+		"journal restored", "report restored, await commit")
+	toRestored := []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvSent), ev(EvRestored)}
+	for _, tc := range []struct {
+		name     string
+		strategy Strategy
+		events   []Event
+		want     []string
+	}{
+		{"happy path: packets held until the commit is journaled", StopAndCopy,
+			append(toRestored, ev(EvCommit)),
+			append(append([]string{}, upToRestore...), "journal committed", "release held packets", "ack commit", "journal done", "finish ok")},
+		{"post-copy waits for its pages", PostCopy,
+			append(toRestored, ev(EvCommit), ev(EvLazyDone)),
+			append(append([]string{}, upToRestore...), "journal committed", "release held packets", "ack commit", "await lazy pages", "journal done", "finish ok")},
+		{"setup fails: the source is told", StopAndCopy,
+			[]Event{ev(EvStart), fail(), ev(EvDestroyed)},
+			append(append([]string{}, start...), "abort peer", "destroy copy", "journal aborted", "finish aborted (boom)")},
+		{"the source gives up before the freeze", PreCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), {Kind: EvPeerAborted, Err: errX}, ev(EvDestroyed)},
+			append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze", "destroy copy", "journal aborted", "finish aborted (boom)")},
+		{"receiving fails", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), fail(), ev(EvDestroyed)},
+			append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze", "journal frozen", "take traffic (held)",
+				"receive state", "abort peer", "destroy copy", "journal aborted", "finish aborted (boom)")},
+		{"the restore fails", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvSent), fail(), ev(EvDestroyed)},
+			append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze", "journal frozen", "take traffic (held)",
+				"receive state", "journal transferred", "restore", "abort peer", "destroy copy", "journal aborted", "finish aborted (boom)")},
+		{"the source rolls back after the restore: the copy goes", StopAndCopy,
+			append(toRestored, Event{Kind: EvPeerAborted, Err: errX}, ev(EvDestroyed)),
+			append(append([]string{}, upToRestore...), "destroy copy", "journal aborted", "finish aborted (boom)")},
+		{"the source is lost after the restore and had committed", StopAndCopy,
+			append(toRestored, fail(), ev(EvSourceCommitted)),
+			append(append([]string{}, upToRestore...), "ask source", "journal committed", "release held packets", "journal done", "finish ok")},
+		{"the source is lost after the restore and rolled back", StopAndCopy,
+			append(toRestored, fail(), ev(EvSourceRolledBack), ev(EvDestroyed)),
+			append(append([]string{}, upToRestore...), "ask source", "destroy copy", "journal aborted", "finish aborted (the source kept the service)")},
+		{"stopping while the source is silent keeps the copy and the journal", StopAndCopy,
+			append(toRestored, fail(), fail()),
+			append(append([]string{}, upToRestore...), "ask source", "finish undecided (the source's decision is unknown; asked again when the agent starts\nboom)")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := run(t, NewDest(tc.strategy), tc.events...)
+			if join(got...) != join(tc.want...) {
+				t.Errorf("actions\n got: %s\nwant: %s", join(got...), join(tc.want...))
+			}
+		})
+	}
+}
+
+// The destination never delivers held packets before it journaled the
+// commit, and never destroys a restored copy without the source's word.
+func TestDestInvariants(t *testing.T) {
+	for _, s := range []Strategy{StopAndCopy, PostCopy, PreCopy, Hybrid} {
+		for _, after := range []Event{ev(EvCommit), fail(), {Kind: EvPeerAborted, Err: errX}} {
+			d := NewDest(s)
+			var acts []string
+			for _, e := range []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvSent), ev(EvRestored), after} {
+				as, err := d.Step(e)
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, a := range as {
+					acts = append(acts, a.String())
+				}
+			}
+			committed := -1
+			for i, a := range acts {
+				if a == "journal committed" {
+					committed = i
+				}
+				if a == "release held packets" && (committed < 0 || committed > i) {
+					t.Errorf("%s/%s: packets released before the commit was journaled: %s", s, after.Kind, join(acts...))
+				}
+				if a == "destroy copy" && after.Kind == EvFailed {
+					t.Errorf("%s: restored copy destroyed without the source's word: %s", s, join(acts...))
+				}
+			}
+		}
+	}
+}
+
+// The source never journals Committed before the destination reported the
+// restore, and a cancel is refused (an unexpected event) past the freeze.
+func TestSourceCommitOnlyAfterRestore(t *testing.T) {
+	s := NewSource(StopAndCopy)
+	for _, e := range []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen)} {
+		if _, err := s.Step(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !s.PastFreeze() {
+		t.Fatal("PastFreeze false after the freeze was journaled")
+	}
+	if _, err := s.Step(ev(EvCancel)); !errors.Is(err, ErrUnexpected) {
+		t.Errorf("cancel past the freeze: err = %v, want ErrUnexpected", err)
+	}
+	if _, err := s.Step(ev(EvRestored)); !errors.Is(err, ErrUnexpected) {
+		t.Errorf("restored before the dump: err = %v, want ErrUnexpected", err)
+	}
+}
+
+func TestRecoverSource(t *testing.T) {
+	for _, tc := range []struct {
+		strategy     Strategy
+		phase        Phase
+		destRestored bool
+		events       []Event
+		want         []string
+	}{
+		{StopAndCopy, Preparing, false, nil,
+			[]string{"abort peer", "journal aborted", "finish aborted (the source agent restarted before the freeze)"}},
+		{PreCopy, LiveRounds, false, nil,
+			[]string{"abort peer", "journal aborted", "finish aborted (the source agent restarted before the freeze)"}},
+		{StopAndCopy, Frozen, false, []Event{ev(EvResumed)},
+			[]string{"abort peer", "restore on source", "journal rolled-back", "finish rolled-back (the source agent restarted past the freeze)"}},
+		{StopAndCopy, Transferred, true, []Event{ev(EvSwitched), ev(EvReleased)},
+			[]string{"journal committed", "commit", "release source", "journal done", "finish ok"}},
+		{PostCopy, Transferred, true, []Event{ev(EvResumed)},
+			[]string{"abort peer", "restore on source", "journal rolled-back", "finish rolled-back (the source agent restarted past the freeze)"}},
+		{StopAndCopy, Committed, false, []Event{ev(EvFailed), ev(EvReleased)},
+			[]string{"commit", "release source", "journal done", "finish ok"}},
+		{StopAndCopy, Done, false, nil, nil},
+	} {
+		t.Run(string(tc.strategy)+"/"+string(tc.phase), func(t *testing.T) {
+			m, acts := RecoverSource(tc.strategy, tc.phase, tc.destRestored)
+			var got []string
+			for _, a := range acts {
+				got = append(got, a.String())
+			}
+			got = append(got, run(t, m, tc.events...)...)
+			if join(got...) != join(tc.want...) {
+				t.Errorf("actions\n got: %s\nwant: %s", join(got...), join(tc.want...))
+			}
+		})
+	}
+}
+
+func TestRecoverDest(t *testing.T) {
+	for _, tc := range []struct {
+		phase  Phase
+		events []Event
+		want   []string
+	}{
+		{Prepared, []Event{ev(EvDestroyed)},
+			[]string{"destroy copy", "journal aborted", "finish aborted (the destination agent restarted before the restore was reported)"}},
+		{Transferred, []Event{ev(EvDestroyed)},
+			[]string{"destroy copy", "journal aborted", "finish aborted (the destination agent restarted before the restore was reported)"}},
+		{Restored, []Event{ev(EvSourceCommitted)},
+			[]string{"ask source", "journal committed", "release held packets", "journal done", "finish ok"}},
+		{Restored, []Event{ev(EvSourceRolledBack), ev(EvDestroyed)},
+			[]string{"ask source", "destroy copy", "journal aborted", "finish aborted (the source kept the service)"}},
+		{Committed, nil,
+			[]string{"journal committed", "release held packets", "journal done", "finish ok"}},
+	} {
+		t.Run(string(tc.phase), func(t *testing.T) {
+			m, acts := RecoverDest(tc.phase)
+			var got []string
+			for _, a := range acts {
+				got = append(got, a.String())
+			}
+			got = append(got, run(t, m, tc.events...)...)
+			if join(got...) != join(tc.want...) {
+				t.Errorf("actions\n got: %s\nwant: %s", join(got...), join(tc.want...))
+			}
+		})
+	}
+}
+
+// The plans are golden files: a change to the protocol shows as a diff.
+func TestPlans(t *testing.T) {
+	var b strings.Builder
+	for _, s := range []Strategy{StopAndCopy, PostCopy, PreCopy, Hybrid} {
+		p, err := PlanFor(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.WriteString(p.String())
+	}
+	path := filepath.Join("testdata", "plans.golden")
+	if *rewrite {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -rewrite to create it)", err)
+	}
+	if b.String() != string(want) {
+		t.Errorf("plans changed (run go test -rewrite if intended):\n%s", b.String())
+	}
+	if _, err := PlanFor(Auto); err == nil {
+		t.Error("a plan for auto")
+	}
+}

@@ -1,0 +1,230 @@
+package migration
+
+import "errors"
+
+// Source is the source side of one migration as a pure state machine, in
+// the manner of etcd's raft: Step takes what happened and returns what to
+// do; the agent performs the actions (I/O) and reports their outcome as
+// the next event. Not safe for concurrent use.
+//
+// The commit point is the source's journal entry Committed: before it,
+// any failure past the freeze resumes the service here; after it, the
+// service belongs to the destination whatever happens to either side.
+type Source struct {
+	strategy Strategy
+	phase    Phase
+	pending  ActionKind // the action whose outcome Step waits for; 0 before start and when final
+	dumped   bool       // the dump completed: a rollback restores from images
+	cause    error      // why a rollback runs
+	lazyErr  error      // post-copy: pages that did not arrive
+}
+
+// NewSource returns the machine of a migration with strategy s (not Auto:
+// the planner resolves it first).
+func NewSource(s Strategy) *Source { return &Source{strategy: s} }
+
+// Phase is where the source stands.
+func (s *Source) Phase() Phase { return s.phase }
+
+// Pending is the action whose outcome Step expects next.
+func (s *Source) Pending() ActionKind { return s.pending }
+
+// PastFreeze reports whether the service was frozen: from then on the
+// migration cannot be cancelled, only completed or rolled back.
+func (s *Source) PastFreeze() bool {
+	switch s.phase {
+	case "", Preparing, LiveRounds, Aborted:
+		return false
+	}
+	return true
+}
+
+// Step advances the machine by one event and returns the actions to take,
+// in order. The last action of a batch is the one whose outcome is the
+// next event, or ActFinish.
+func (s *Source) Step(ev Event) ([]Action, error) {
+	if s.phase.Final() {
+		return nil, unexpected(RoleSource, s.phase, s.pending, ev)
+	}
+	if s.pending == 0 {
+		if ev.Kind != EvStart || s.phase != "" {
+			return nil, unexpected(RoleSource, s.phase, s.pending, ev)
+		}
+		return s.to(Preparing, ActPrepare), nil
+	}
+	if ev.Kind == EvJournalFailed {
+		return s.journalFailed(failure(ev))
+	}
+	switch s.pending {
+	case ActPrepare, ActRounds:
+		switch ev.Kind {
+		case EvPrepared:
+			if s.pending == ActPrepare {
+				if s.strategy.Live() {
+					return s.to(LiveRounds, ActRounds), nil
+				}
+				return s.freeze(), nil
+			}
+		case EvRoundsDone:
+			if s.pending == ActRounds {
+				return s.freeze(), nil
+			}
+		case EvFailed, EvPeerAborted, EvCancel:
+			return s.abort(failure(ev), ev.Kind != EvPeerAborted), nil
+		}
+	case ActFreeze:
+		switch ev.Kind {
+		case EvFrozen:
+			s.pending = ActDump
+			return []Action{act(ActDump)}, nil
+		case EvFailed, EvPeerAborted, EvBudget:
+			return s.rollback(failure(ev), ev.Kind != EvPeerAborted), nil
+		case EvCancel:
+			// Cancelled as the freeze began, before anything froze.
+			return s.abort(failure(ev), true), nil
+		}
+	case ActDump:
+		switch ev.Kind {
+		case EvDumped:
+			s.dumped = true
+			s.pending = ActSend
+			return []Action{act(ActSend)}, nil
+		case EvFailed, EvPeerAborted, EvBudget:
+			return s.rollback(failure(ev), ev.Kind != EvPeerAborted), nil
+		}
+	case ActSend:
+		switch ev.Kind {
+		case EvSent:
+			return s.to(Transferred, ActAwaitRestored), nil
+		case EvFailed, EvPeerAborted, EvBudget:
+			return s.rollback(failure(ev), ev.Kind != EvPeerAborted), nil
+		}
+	case ActAwaitRestored:
+		switch ev.Kind {
+		case EvRestored:
+			return s.to(Committed, ActCommit), nil
+		case EvFailed, EvPeerAborted, EvBudget:
+			return s.rollback(failure(ev), ev.Kind != EvPeerAborted), nil
+		}
+	case ActCommit:
+		// Committed: a destination that did not confirm learns the
+		// outcome from this side's journal, so nothing here fails it.
+		switch ev.Kind {
+		case EvSwitched, EvFailed, EvPeerAborted:
+			if s.strategy.Lazy() {
+				s.pending = ActAwaitLazy
+				return []Action{act(ActAwaitLazy)}, nil
+			}
+			s.pending = ActRelease
+			return []Action{act(ActRelease)}, nil
+		}
+	case ActAwaitLazy:
+		switch ev.Kind {
+		case EvLazyDone, EvFailed:
+			s.lazyErr = ev.Err
+			s.pending = ActRelease
+			return []Action{act(ActRelease)}, nil
+		}
+	case ActRelease:
+		switch ev.Kind {
+		case EvReleased, EvFailed:
+			// A cleanup failure leaves files behind, not a service.
+			return s.end(Done, OutcomeOK, s.lazyErr), nil
+		}
+	case ActResume, ActRestoreLocal:
+		switch ev.Kind {
+		case EvResumed:
+			return s.end(RolledBack, OutcomeRolledBack, s.cause), nil
+		case EvFailed:
+			return s.end(Lost, OutcomeLost, errors.Join(s.cause, ev.Err)), nil
+		}
+	}
+	return nil, unexpected(RoleSource, s.phase, s.pending, ev)
+}
+
+// journalFailed answers a phase that could not be persisted: the action
+// after it was not taken, and without the record a crash could not be
+// settled, so the migration gives up the way its phase allows. A commit
+// that is not on disk did not happen.
+func (s *Source) journalFailed(err error) ([]Action, error) {
+	switch s.pending {
+	case ActPrepare, ActRounds:
+		return s.abort(err, true), nil
+	case ActFreeze:
+		return s.rollback(err, true), nil // nothing frozen yet: resume is a no-op
+	case ActAwaitRestored:
+		return s.rollback(err, true), nil
+	case ActCommit:
+		s.phase = Transferred
+		return s.rollback(err, true), nil
+	}
+	return nil, unexpected(RoleSource, s.phase, s.pending, Event{Kind: EvJournalFailed, Err: err})
+}
+
+// to enters phase p (journaled first) and starts awaited action k.
+func (s *Source) to(p Phase, k ActionKind) []Action {
+	s.phase, s.pending = p, k
+	return []Action{journal(p), act(k)}
+}
+
+func (s *Source) freeze() []Action { return s.to(Frozen, ActFreeze) }
+
+// abort gives up before the freeze: the service never stopped.
+func (s *Source) abort(err error, tellPeer bool) []Action {
+	var acts []Action
+	if tellPeer {
+		acts = append(acts, Action{Kind: ActAbortPeer, Err: err})
+	}
+	return append(acts, s.end(Aborted, OutcomeAborted, err)...)
+}
+
+// rollback gives up past the freeze: the service resumes here, from its
+// images once the dump completed.
+func (s *Source) rollback(err error, tellPeer bool) []Action {
+	s.cause = err
+	var acts []Action
+	if tellPeer {
+		acts = append(acts, Action{Kind: ActAbortPeer, Err: err})
+	}
+	s.pending = ActResume
+	if s.dumped {
+		s.pending = ActRestoreLocal
+	}
+	return append(acts, act(s.pending))
+}
+
+func (s *Source) end(p Phase, o Outcome, err error) []Action {
+	s.phase, s.pending = p, 0
+	return []Action{journal(p), finish(o, err)}
+}
+
+// RecoverSource returns the machine of a migration an agent journaled in
+// phase p before it stopped, and the actions that settle it. destRestored
+// says whether the destination reports the service restored there and
+// waiting for the commit: then, unless the strategy is lazy (its pages
+// were served by the dump that died with the agent), the service is
+// handed over instead of restored here.
+//
+// Before the freeze nothing changed: the migration is aborted. Past the
+// freeze and before the commit the service is resumed here (thawed, or
+// restored from its images) or handed over. Committed completes.
+func RecoverSource(s Strategy, p Phase, destRestored bool) (*Source, []Action) {
+	m := &Source{strategy: s, phase: p}
+	switch p {
+	case "", Preparing, LiveRounds:
+		return m, m.abort(errors.New("the source agent restarted before the freeze"), true)
+	case Frozen, Transferred:
+		if destRestored && !s.Lazy() {
+			return m, m.to(Committed, ActCommit)
+		}
+		// Whether the dump completed is not journaled: the rollback
+		// looks at the service itself (running or frozen: thaw; gone:
+		// restore from images).
+		m.dumped = true
+		return m, m.rollback(errors.New("the source agent restarted past the freeze"), true)
+	case Committed:
+		m.pending = ActCommit
+		return m, []Action{act(ActCommit)}
+	}
+	return m, nil // final: nothing to do
+}
