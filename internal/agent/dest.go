@@ -129,6 +129,7 @@ type incoming struct {
 	upper       string
 	warm        *linux.Reserve
 	sw          migration.Switched
+	report      migration.RestoreReport
 	stateBytes  int64
 	recvMs      float64
 	mountMs     float64
@@ -222,8 +223,8 @@ func (in *incoming) do(ctx context.Context, k migration.ActionKind) migration.Ev
 		return ev(migration.EvSent, in.receiveState(ctx))
 	case migration.ActRestore:
 		return ev(migration.EvRestored, in.restore(ctx))
-	case migration.ActReportRestored:
-		return ev(migration.EvCommit, in.reportRestored(ctx))
+	case migration.ActAwaitCommit:
+		return ev(migration.EvCommit, in.awaitCommit(ctx))
 	case migration.ActAwaitLazy:
 		return ev(migration.EvLazyDone, in.awaitLazy(ctx))
 	case migration.ActAskSource:
@@ -417,16 +418,11 @@ func (in *incoming) restore(ctx context.Context) error {
 	return nil
 }
 
-// reportRestored tells the source and waits for its decision.
-func (in *incoming) reportRestored(ctx context.Context) error {
-	r := migration.RestoreReport{RestoreMs: migration.Ms(time.Since(in.t0)), NetworkMs: in.sw.NetworkMs,
+// awaitCommit waits for the source's commit, which follows the state
+// and so is normally here already.
+func (in *incoming) awaitCommit(ctx context.Context) error {
+	in.report = migration.RestoreReport{RestoreMs: migration.Ms(time.Since(in.t0)), NetworkMs: in.sw.NetworkMs,
 		RecvMs: in.recvMs, MountMs: in.mountMs}
-	if st, err := runc.ReadRestoreStats(in.imgDir + "-work"); err == nil {
-		r.CRIU = restoreStatsMap(st)
-	}
-	if err := in.conn.WriteMsg(ctx, migration.MsgRestored, r); err != nil {
-		return err
-	}
 	return expectFrom(ctx, in.conn, in.p.From, migration.MsgCommit, nil)
 }
 
@@ -434,12 +430,6 @@ func (in *incoming) reportRestored(ctx context.Context) error {
 // its held packets delivered.
 func (in *incoming) releaseHeld(ctx context.Context) {
 	a := in.a
-	in.c.meta.Incoming = false
-	a.adopt(in.c)
-	if in.unreserve != nil {
-		in.unreserve()
-		in.unreserve = nil
-	}
 	if in.holder != nil {
 		held, err := in.holder.Release()
 		if err != nil {
@@ -455,14 +445,20 @@ func (in *incoming) releaseHeld(ctx context.Context) {
 				a.log.Warn("stop holding", "container", in.c.meta.Name, "err", err)
 			}
 		})
-		return
+	} else {
+		// Settled after a restart: the holder died with the agent and
+		// left its rules, which drop the service's packets until removed.
+		if err := netplane.Unhold(a.nsPath(in.c.meta.Name)); err != nil {
+			a.log.Warn("remove hold rules", "container", in.c.meta.Name, "err", err)
+		}
+		in.sw = a.takeTraffic(ctx, in.c)
 	}
-	// Settled after a restart: the holder died with the agent and left
-	// its rules, which drop the service's packets until removed.
-	if err := netplane.Unhold(a.nsPath(in.c.meta.Name)); err != nil {
-		a.log.Warn("remove hold rules", "container", in.c.meta.Name, "err", err)
+	in.c.meta.Incoming = false
+	a.adopt(in.c)
+	if in.unreserve != nil {
+		in.unreserve()
+		in.unreserve = nil
 	}
-	in.sw = a.takeTraffic(ctx, in.c)
 }
 
 func (in *incoming) ackCommit(ctx context.Context) {
@@ -471,7 +467,12 @@ func (in *incoming) ackCommit(ctx context.Context) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	_ = in.conn.WriteMsg(wctx, migration.MsgSwitched, in.sw)
+	sw := in.sw
+	sw.Restore = in.report
+	if st, err := runc.ReadRestoreStats(in.imgDir + "-work"); err == nil {
+		sw.Restore.CRIU = restoreStatsMap(st)
+	}
+	_ = in.conn.WriteMsg(wctx, migration.MsgSwitched, sw)
 }
 
 // awaitLazy keeps the images and the tunnel until every page has arrived.
@@ -502,15 +503,15 @@ func (in *incoming) askSource(ctx context.Context) migration.Event {
 		cancel()
 		switch {
 		case errors.Is(err, api.ErrNotFound):
-			return migration.Event{Kind: migration.EvSourceRolledBack}
+			return migration.Event{Kind: migration.EvPeerGaveUp}
 		case err == nil:
 			switch migration.Phase(ph.Phase) {
 			case migration.Committed, migration.Done, migration.Lost:
 				// Lost: the source's rollback failed, so this copy is
 				// the only one; it serves.
-				return migration.Event{Kind: migration.EvSourceCommitted}
+				return migration.Event{Kind: migration.EvPeerCommitted}
 			case migration.RolledBack, migration.Aborted:
-				return migration.Event{Kind: migration.EvSourceRolledBack}
+				return migration.Event{Kind: migration.EvPeerGaveUp}
 			}
 		}
 		if n%50 == 0 {

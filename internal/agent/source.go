@@ -194,6 +194,8 @@ func (o *outgoing) perform(ctx context.Context, acts []migration.Action) (migrat
 			}
 		case migration.ActAbortPeer:
 			o.abortPeer(act.Err)
+		case migration.ActCommit:
+			o.commit()
 		case migration.ActFinish:
 			o.finish(act)
 			return migration.Event{}, true
@@ -227,10 +229,10 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 		return o.frozenEvent(migration.EvDumped, o.dump())
 	case migration.ActSend:
 		return o.frozenEvent(migration.EvSent, o.sendState())
-	case migration.ActAwaitRestored:
-		return o.awaitRestored()
-	case migration.ActCommit:
-		return o.event(ctx, migration.EvSwitched, o.commit())
+	case migration.ActAwaitOutcome:
+		return o.awaitOutcome()
+	case migration.ActAskDest:
+		return o.askDest()
 	case migration.ActAwaitLazy:
 		return o.event(ctx, migration.EvLazyDone, o.awaitLazy())
 	case migration.ActRelease:
@@ -447,9 +449,11 @@ func (o *outgoing) dump() error {
 	// The destination may give up while we stream (disk full, restore
 	// impossible): read its messages concurrently, so its reason is what
 	// we report rather than a reset connection.
+	// (The read outlives the frozen budget: after the commit the answer
+	// is awaited without it. Closing the connection ends it.)
 	o.peerMsg = make(chan peerMessage, 1)
 	go func() {
-		typ, body, err := o.conn.ReadMsg(o.fctx)
+		typ, body, err := o.conn.ReadMsg(context.WithoutCancel(o.a.runCtx))
 		o.peerMsg <- peerMessage{typ, body, err}
 	}()
 	return nil
@@ -520,47 +524,15 @@ func (o *outgoing) peerReason(cause error) error {
 	return cause
 }
 
-// awaitRestored waits for the destination's restore report.
-func (o *outgoing) awaitRestored() migration.Event {
-	wait := migration.RestoreDeadline(o.res.StateBytes) + migration.RestoreGrace
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	var m peerMessage
-	select {
-	case m = <-o.peerMsg:
-	case <-o.fctx.Done():
-		return migration.Event{Kind: migration.EvBudget, Err: fmt.Errorf("%w (%s) waiting for %s's restore", errFrozenBudget, o.budget, o.req.To)}
-	case <-timer.C:
-		m.err = fmt.Errorf("no answer within %s of the images' arrival", wait)
-	}
-	var restored migration.RestoreReport
-	if err := m.as(migration.MsgRestored, &restored); err != nil {
-		if m.typ == migration.MsgAbort {
-			return migration.Event{Kind: migration.EvPeerAborted, Err: fmt.Errorf("restore on %s: %w", o.req.To, err)}
-		}
-		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("restore on %s: %w", o.req.To, err)}
-	}
-	o.tm.Mark(migration.PhaseRestore)
-	dest := restored
-	dest.CRIU = nil // merged into res.CRIU below
-	o.res.Destination = &dest
-	o.tm.Add(migration.PhaseNetwork, restored.NetworkMs)
-	for k, v := range restored.CRIU {
-		if o.res.CRIU == nil {
-			o.res.CRIU = map[string]float64{}
-		}
-		o.res.CRIU[k] = v
-	}
-	return migration.Event{Kind: migration.EvRestored}
-}
-
-// commit tells the destination the service is its own (the journal
-// already says so) and waits for its confirmation, which ends the
-// downtime: the destination delivers the held packets once it committed.
-func (o *outgoing) commit() error {
+// commit tells the destination, right behind the state, that the
+// service is its own once restored (the journal already says so). The
+// source's copy leaves this node's table: a peer that asks learns it lives
+// there now.
+func (o *outgoing) commit() {
 	a, name := o.a, o.rec.Container
-	// Dropped from this node's table first, so a destination that loses
-	// this connection and asks learns it must switch.
+	if o.fcancel != nil {
+		o.fcancel() // no rollback on this side's own account from here on
+	}
 	a.mu.Lock()
 	delete(a.containers, name)
 	a.mu.Unlock()
@@ -568,22 +540,95 @@ func (o *outgoing) commit() error {
 		o.c.log.Close()
 	}
 	if o.conn == nil {
-		return errors.New("no connection to the destination: it reads the commit from this node's journal")
+		return // settled after a restart: the destination reads the journal
 	}
-	ctx, cancel := context.WithTimeout(a.runCtx, 30*time.Second)
+	ctx, cancel := context.WithTimeout(a.runCtx, 10*time.Second)
 	defer cancel()
+	if err := o.conn.WriteMsg(ctx, migration.MsgCommit, struct{}{}); err != nil {
+		a.log.Warn("send commit; the destination reads it from our journal", "container", name, "err", err)
+	}
+}
+
+// awaitOutcome waits until the destination serves the service (it
+// committed and delivered the held packets, which ends the downtime) or
+// hands it back (its restore failed and its copy is gone).
+func (o *outgoing) awaitOutcome() migration.Event {
+	if o.peerMsg == nil {
+		return migration.Event{Kind: migration.EvFailed, Err: errors.New("no connection to the destination")}
+	}
+	wait := migration.RestoreDeadline(o.res.StateBytes) + migration.RestoreGrace
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var m peerMessage
+	select {
+	case m = <-o.peerMsg:
+	case <-timer.C:
+		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("no answer from %s within %s of the state's arrival", o.req.To, wait)}
+	}
 	var sw migration.Switched
-	err := o.conn.WriteMsg(ctx, migration.MsgCommit, struct{}{})
-	if err == nil {
-		err = expectFrom(ctx, o.conn, o.req.To, migration.MsgSwitched, &sw)
+	if err := m.as(migration.MsgSwitched, &sw); err != nil {
+		if m.typ == migration.MsgAbort {
+			var ab migration.Abort
+			_ = json.Unmarshal(m.body, &ab)
+			return migration.Event{Kind: migration.EvPeerAborted, Err: fmt.Errorf("%s handed the service back: %s", o.req.To, ab.Reason)}
+		}
+		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("%s: %w", o.req.To, err)}
 	}
 	o.res.DowntimeMs = migration.Ms(o.tm.Downtime())
+	o.tm.Mark(migration.PhaseRestore)
+	o.tm.Add(migration.PhaseNetwork, sw.NetworkMs)
 	o.res.HeldPackets = sw.Held
-	o.tm.Mark(migration.PhaseCommit)
-	if err != nil {
-		a.log.Warn("no switch confirmation; the destination decides from our journal", "container", name, "err", err)
+	dest := sw.Restore
+	dest.CRIU = nil // merged into res.CRIU below
+	o.res.Destination = &dest
+	for k, v := range sw.Restore.CRIU {
+		if o.res.CRIU == nil {
+			o.res.CRIU = map[string]float64{}
+		}
+		o.res.CRIU[k] = v
 	}
-	return err
+	return migration.Event{Kind: migration.EvSwitched}
+}
+
+// askDest learns from the destination's journal, asking until it gives
+// one, whether it serves the service or holds no copy; meanwhile the
+// service stays frozen here (committed: this side cannot resume it alone).
+func (o *outgoing) askDest() migration.Event {
+	a := o.a
+	if o.conn != nil {
+		o.conn.Close()
+	}
+	dst, ok := a.peers[o.rec.Peer]
+	if !ok {
+		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("destination %q is not a configured peer", o.rec.Peer)}
+	}
+	ctx := a.runCtx
+	wait := 100 * time.Millisecond
+	for n := 0; ; n++ {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ph, err := dst.PeerPhase(rctx, o.rec.ID)
+		cancel()
+		switch {
+		case errors.Is(err, api.ErrNotFound):
+			return migration.Event{Kind: migration.EvPeerGaveUp}
+		case err == nil:
+			switch migration.Phase(ph.Phase) {
+			case migration.Committed, migration.Done:
+				return migration.Event{Kind: migration.EvPeerCommitted}
+			case migration.Aborted:
+				return migration.Event{Kind: migration.EvPeerGaveUp}
+			}
+		}
+		if n%50 == 0 {
+			a.log.Warn("committed migration waits for its destination", "container", o.rec.Container, "destination", o.rec.Peer, "phase", ph.Phase, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return migration.Event{Kind: migration.EvFailed, Err: ctx.Err()}
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, 2*time.Second)
+	}
 }
 
 // awaitLazy waits until the lazy dump served every page. Losing this node

@@ -1,16 +1,19 @@
 package journal
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/crc32"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -111,10 +114,22 @@ func Open(dir string) (*Journal, error) {
 // Dir is where the records live.
 func (j *Journal) Dir() string { return j.dir }
 
-func (j *Journal) path(id string) string { return filepath.Join(j.dir, id+".json") }
+func (j *Journal) path(id string) string { return filepath.Join(j.dir, id+logSuffix) }
 
-// Put persists r durably (file and directory fsynced) and returns it as
-// written (Updated set).
+// logSuffix names a migration's log: one line per phase written, each
+// "<crc32c of the JSON, 8 hex digits> <JSON record>\n". The last valid
+// line is the record; a line torn by a crash fails its checksum and is
+// ignored, so what was last made durable stands (and it was made durable
+// before the agent acted on it).
+const logSuffix = ".log"
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Put persists r durably and returns it as written (Updated set): the
+// record is appended to the migration's log and fdatasync'ed; the
+// directory is fsynced when the log is new. An append costs about a
+// quarter of an atomic rewrite here (0.2 against 0.75 ms), and phases
+// inside the frozen window are written this way.
 func (j *Journal) Put(r Record) (Record, error) {
 	r.Updated = j.now().UTC()
 	if r.Started.IsZero() {
@@ -127,9 +142,26 @@ func (j *Journal) Put(r Record) (Record, error) {
 	if err != nil {
 		return r, err
 	}
+	line := fmt.Appendf(nil, "%08x %s\n", crc32.Checksum(b, castagnoli), b)
 	j.mu.Lock()
 	defer j.mu.Unlock()
-	if err := linux.WriteFileDurable(j.path(r.ID), b, 0o600); err != nil {
+	path := j.path(r.ID)
+	_, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return r, fmt.Errorf("journal %s: %w", r.ID, err)
+	}
+	_, err = f.Write(line)
+	if err == nil {
+		err = linux.Fdatasync(f)
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && errors.Is(statErr, fs.ErrNotExist) {
+		err = linux.SyncDir(j.dir)
+	}
+	if err != nil {
 		return r, fmt.Errorf("journal %s: %w", r.ID, err)
 	}
 	return r, nil
@@ -147,11 +179,63 @@ func (j *Journal) Get(id string) (Record, error) {
 	if err != nil {
 		return Record{}, fmt.Errorf("journal %s: %w", id, err)
 	}
-	r, err := Decode(b)
+	r, err := DecodeLog(b)
 	if err == nil && r.ID != id {
-		err = fmt.Errorf("%w: file %s holds id %q", ErrInvalid, id, r.ID)
+		err = fmt.Errorf("%w: log %s holds id %q", ErrInvalid, id, r.ID)
 	}
 	return r, err
+}
+
+// maxLogBytes bounds what DecodeLog reads: a migration writes a dozen
+// lines of a few hundred bytes.
+const maxLogBytes = 1 << 20
+
+// DecodeLog returns the last valid record of a migration's log.
+func DecodeLog(b []byte) (Record, error) {
+	if len(b) > maxLogBytes {
+		return Record{}, fmt.Errorf("%w: log of %d bytes", ErrInvalid, len(b))
+	}
+	var last Record
+	found := false
+	var lastErr error
+	for len(b) > 0 {
+		line := b
+		if i := bytes.IndexByte(b, '\n'); i >= 0 {
+			line, b = b[:i], b[i+1:]
+		} else {
+			b = nil // a torn last line: no newline
+			lastErr = fmt.Errorf("%w: unterminated last line", ErrInvalid)
+			break
+		}
+		r, err := decodeLine(line)
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		if found && r.ID != last.ID {
+			return Record{}, fmt.Errorf("%w: log mixes ids %s and %s", ErrInvalid, last.ID, r.ID)
+		}
+		last, found = r, true
+	}
+	if !found {
+		if lastErr == nil {
+			lastErr = fmt.Errorf("%w: empty log", ErrInvalid)
+		}
+		return Record{}, lastErr
+	}
+	return last, nil
+}
+
+func decodeLine(line []byte) (Record, error) {
+	sum, body, ok := bytes.Cut(line, []byte(" "))
+	if !ok || len(sum) != 8 {
+		return Record{}, fmt.Errorf("%w: malformed line", ErrInvalid)
+	}
+	want, err := strconv.ParseUint(string(sum), 16, 32)
+	if err != nil || uint32(want) != crc32.Checksum(body, castagnoli) {
+		return Record{}, fmt.Errorf("%w: checksum mismatch", ErrInvalid)
+	}
+	return Decode(body)
 }
 
 // maxRecordBytes bounds what Decode reads: a record is a few hundred bytes.
@@ -163,7 +247,7 @@ func Decode(b []byte) (Record, error) {
 	if len(b) > maxRecordBytes {
 		return r, fmt.Errorf("%w: %d bytes", ErrInvalid, len(b))
 	}
-	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec := json.NewDecoder(bytes.NewReader(b))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return r, fmt.Errorf("%w: %v", ErrInvalid, err)
@@ -184,7 +268,7 @@ func (j *Journal) List() ([]Record, error) {
 	var out []Record
 	var errs []error
 	for _, e := range ents {
-		id, ok := strings.CutSuffix(e.Name(), ".json")
+		id, ok := strings.CutSuffix(e.Name(), logSuffix)
 		if !ok || !e.Type().IsRegular() {
 			continue // temporary files of an interrupted write, strays
 		}

@@ -6,6 +6,8 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+
+	"golang.org/x/sys/unix"
 )
 
 // WriteFileAtomic writes data to path through a temporary file in the same
@@ -62,6 +64,15 @@ func SyncDir(dir string) error {
 	}
 	if err != nil {
 		return fmt.Errorf("sync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// Fdatasync flushes f's data (and the metadata needed to read it, such as
+// its size) to disk.
+func Fdatasync(f *os.File) error {
+	if err := unix.Fdatasync(int(f.Fd())); err != nil {
+		return fmt.Errorf("fdatasync %s: %w", f.Name(), err)
 	}
 	return nil
 }

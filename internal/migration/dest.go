@@ -5,15 +5,18 @@ import (
 )
 
 // Dest is the destination side of one migration as a pure state machine
-// (see Source). The destination holds every packet for the service from
-// the freeze until the commit: its restored copy answers nobody before the
-// source committed, and it keeps that copy unless the source says it
-// rolled back. Not safe for concurrent use.
+// (see Source). The destination holds every packet for the service, in
+// and out, from the freeze until the source's commit is in its own
+// journal: before that its restored copy answers nobody. It keeps a
+// restored copy unless the source says it rolled back, and it hands the
+// service back (destroys its copy, then tells the source) when its
+// restore fails. Not safe for concurrent use.
 type Dest struct {
 	strategy Strategy
 	phase    Phase
 	pending  ActionKind
 	cause    error // why the copy is destroyed
+	handBack bool  // tell the source once the copy is gone
 	lazyErr  error
 }
 
@@ -26,10 +29,10 @@ func (d *Dest) Phase() Phase { return d.phase }
 // Pending is the action whose outcome Step expects next.
 func (d *Dest) Pending() ActionKind { return d.pending }
 
-// ErrUndecided ends a destination that lost its source after restoring and
-// could not learn the outcome before it had to stop; the journal keeps
-// phase Restored and the agent asks again when it starts.
-var ErrUndecided = errors.New("the source's decision is unknown; asked again when the agent starts")
+// ErrUndecided ends a side that lost its peer and could not learn the
+// outcome before it had to stop; the journal keeps the phase and the
+// agent asks again when it starts.
+var ErrUndecided = errors.New("the peer's decision is unknown; asked again when the agent starts")
 
 // Step advances the machine by one event and returns the actions to take
 // (see Source.Step).
@@ -45,11 +48,10 @@ func (d *Dest) Step(ev Event) ([]Action, error) {
 	}
 	if ev.Kind == EvJournalFailed {
 		// Before the commit a destination that cannot keep its record
-		// gives up (the source has not committed: it waits for the
-		// report that follows the record). A failed record of the commit
-		// itself is not fed back: the source's journal decides then.
+		// gives up; its copy never answered. A failed record of the
+		// commit itself is not fed back: the source's journal decides.
 		switch d.pending {
-		case ActSetupDest, ActAckPrepared, ActReceive, ActRestore, ActReportRestored:
+		case ActSetupDest, ActAckPrepared, ActReceive, ActRestore, ActAwaitCommit:
 			return d.destroy(failure(ev), true), nil
 		}
 		return nil, unexpected(RoleDestination, d.phase, d.pending, ev)
@@ -80,16 +82,18 @@ func (d *Dest) Step(ev Event) ([]Action, error) {
 	case ActRestore:
 		switch ev.Kind {
 		case EvRestored:
-			return d.to(Restored, ActReportRestored), nil
+			return d.to(Restored, ActAwaitCommit), nil
 		case EvFailed:
+			// Hand the service back: the copy goes first, then the
+			// source hears it may resume.
 			return d.destroy(ev.Err, true), nil
 		}
-	case ActReportRestored:
+	case ActAwaitCommit:
 		switch ev.Kind {
 		case EvCommit:
 			return d.commit(true), nil
 		case EvPeerAborted:
-			// The source said it keeps the service.
+			// The source rolled back (before its commit).
 			return d.destroy(failure(ev), false), nil
 		case EvFailed:
 			// The source is gone or silent: its journal decides. The
@@ -99,9 +103,9 @@ func (d *Dest) Step(ev Event) ([]Action, error) {
 		}
 	case ActAskSource:
 		switch ev.Kind {
-		case EvSourceCommitted:
+		case EvPeerCommitted:
 			return d.commit(false), nil
-		case EvSourceRolledBack:
+		case EvPeerGaveUp:
 			return d.destroy(errors.New("the source kept the service"), false), nil
 		case EvFailed:
 			// Stopping while undecided: the journal keeps Restored.
@@ -117,16 +121,16 @@ func (d *Dest) Step(ev Event) ([]Action, error) {
 	case ActDestroy:
 		switch ev.Kind {
 		case EvDestroyed:
-			return d.end(Aborted, OutcomeAborted, d.cause), nil
+			return d.gone(d.cause), nil
 		case EvFailed:
-			return d.end(Aborted, OutcomeAborted, errors.Join(d.cause, ev.Err)), nil
+			return d.gone(errors.Join(d.cause, ev.Err)), nil
 		}
 	}
 	return nil, unexpected(RoleDestination, d.phase, d.pending, ev)
 }
 
-// OutcomeUndecided ends a destination that could not learn the source's
-// decision (ErrUndecided).
+// OutcomeUndecided ends a side that could not learn its peer's decision
+// (ErrUndecided).
 const OutcomeUndecided Outcome = "undecided"
 
 func (d *Dest) to(p Phase, k ActionKind) []Action {
@@ -135,11 +139,11 @@ func (d *Dest) to(p Phase, k ActionKind) []Action {
 }
 
 // commit makes the service this node's: persisted, then its held packets
-// delivered. ack says whether the source still listens for the answer.
-func (d *Dest) commit(ack bool) []Action {
+// delivered. report says whether the source still listens for the answer.
+func (d *Dest) commit(report bool) []Action {
 	d.phase = Committed
 	acts := []Action{journal(Committed), act(ActReleaseHeld)}
-	if ack {
+	if report {
 		acts = append(acts, act(ActAckCommit))
 	}
 	if d.strategy.Lazy() {
@@ -149,16 +153,24 @@ func (d *Dest) commit(ack bool) []Action {
 	return append(acts, d.end(Done, OutcomeOK, nil)...)
 }
 
-// destroy removes the copy and what was prepared; tellPeer when the
-// failure is this side's.
-func (d *Dest) destroy(err error, tellPeer bool) []Action {
+// destroy removes the copy and what was prepared; handBack when the
+// failure is this side's (the source then resumes the service, told once
+// the copy is gone and that is journaled).
+func (d *Dest) destroy(err error, handBack bool) []Action {
 	d.cause = err
-	var acts []Action
-	if tellPeer {
+	d.pending = ActDestroy
+	d.handBack = handBack
+	return []Action{act(ActDestroy)}
+}
+
+// gone: the copy is destroyed; journaled, then the source told.
+func (d *Dest) gone(err error) []Action {
+	d.phase, d.pending = Aborted, 0
+	acts := []Action{journal(Aborted)}
+	if d.handBack {
 		acts = append(acts, Action{Kind: ActAbortPeer, Err: err})
 	}
-	d.pending = ActDestroy
-	return append(acts, act(ActDestroy))
+	return append(acts, finish(OutcomeAborted, err))
 }
 
 func (d *Dest) end(p Phase, o Outcome, err error) []Action {
@@ -168,17 +180,17 @@ func (d *Dest) end(p Phase, o Outcome, err error) []Action {
 
 // RecoverDest returns the machine of an incoming migration an agent
 // journaled in phase p before it stopped, and the actions that settle it.
-// Before Restored the source cannot have committed (it commits only on
-// this side's report, which follows the journal entry): the copy is
-// destroyed. Restored asks the source's journal. Committed completes:
-// the held packets are delivered.
+// Before Restored nothing of the service ever answered here: the copy is
+// destroyed and that journaled, which a committed source reads as the
+// service handed back. Restored asks the source's journal. Committed
+// completes: the held packets are delivered.
 func RecoverDest(p Phase) (*Dest, []Action) {
 	// The lazy tail of a post-copy migration (the daemon's tunnel to the
 	// source) died with the agent: nothing to wait for.
 	d := &Dest{strategy: StopAndCopy, phase: p}
 	switch p {
 	case "", Preparing, Prepared, LiveRounds, Frozen, Transferred:
-		return d, d.destroy(errors.New("the destination agent restarted before the restore was reported"), false)
+		return d, d.destroy(errors.New("the destination agent restarted before the service was restored"), false)
 	case Restored:
 		d.pending = ActAskSource
 		return d, []Action{act(ActAskSource)}

@@ -97,18 +97,18 @@ const (
 	EvStart            EventKind = iota + 1
 	EvPrepared                   // the destination is ready (source), or prepared itself (destination)
 	EvRoundsDone                 // the live rounds ended (source)
-	EvFrozen                     // the source announced the freeze (destination)
+	EvFrozen                     // the service is frozen (source), or the source announced the freeze (destination)
 	EvDumped                     // the dump is complete, or (lazy) its page server is up
 	EvSent                       // images and writable layer are sent (source) or received (destination)
-	EvRestored                   // the service was restored (destination reports it to the source)
+	EvRestored                   // the destination restored the service (its packets still held)
 	EvCommit                     // the source committed (destination)
-	EvSwitched                   // the destination confirmed the commit (source)
+	EvSwitched                   // the destination serves the service (source)
 	EvLazyDone                   // post-copy: every page reached the destination
 	EvResumed                    // the source runs the service again (rollback)
 	EvReleased                   // the source freed what it held of the service
 	EvDestroyed                  // the destination removed its copy
-	EvSourceCommitted            // asked after losing the source: it committed (destination)
-	EvSourceRolledBack           // asked after losing the source: it kept the service (destination)
+	EvPeerCommitted              // asked after losing the peer: it committed (source's journal) or serves (destination's)
+	EvPeerGaveUp                 // asked after losing the peer: it rolled back (source) or holds no copy (destination)
 	EvFailed                     // the pending action failed (Err)
 	EvPeerAborted                // the peer gave up (Err carries its reason)
 	EvCancel                     // the operator cancelled
@@ -122,7 +122,7 @@ var eventNames = map[EventKind]string{
 	EvStart: "start", EvPrepared: "prepared", EvRoundsDone: "rounds-done", EvFrozen: "frozen",
 	EvDumped: "dumped", EvSent: "sent", EvRestored: "restored", EvCommit: "commit", EvSwitched: "switched",
 	EvLazyDone: "lazy-done", EvResumed: "resumed", EvReleased: "released", EvDestroyed: "destroyed",
-	EvSourceCommitted: "source-committed", EvSourceRolledBack: "source-rolled-back",
+	EvPeerCommitted: "peer-committed", EvPeerGaveUp: "peer-gave-up",
 	EvFailed: "failed", EvPeerAborted: "peer-aborted", EvCancel: "cancel", EvBudget: "budget",
 	EvJournalFailed: "journal-failed",
 }
@@ -143,45 +143,47 @@ type Event struct {
 // ActionKind is what the driver must do.
 type ActionKind int
 
-// Actions. The driver performs a batch in order; an action marked as
-// awaited in the batch (the last one) yields the next event.
+// Actions. The driver performs a batch in order; the last action of a
+// batch that is not ActFinish is awaited: its outcome is the next event.
 const (
 	// ActJournal persists Action.Phase before anything after it acts.
 	ActJournal ActionKind = iota + 1
 	// Source actions.
-	ActPrepare        // connect, send the service's description, await the destination's readiness
-	ActRounds         // copy memory and writable layer while the service runs
-	ActFreeze         // hand the traffic to the destination, freeze, lock the network
-	ActDump           // checkpoint (lazy: until the page server is up)
-	ActSend           // send images and writable layer (pre-copy: only the delta)
-	ActAwaitRestored  // wait for the destination's restore
-	ActCommit         // tell the destination it owns the service; await its confirmation
-	ActAwaitLazy      // post-copy: wait until every page was served
-	ActRelease        // free the source's remains of the service
-	ActResume         // the dump failed: thaw, unlock and take the traffic back
-	ActRestoreLocal   // restore the service on the source from its images
-	ActAbortPeer      // tell the peer this side gives up (best effort)
-	ActSetupDest      // destination: namespace, holder, bundle, store
-	ActAckPrepared    // destination: tell the source it is ready; await the freeze (storing live rounds)
-	ActTakeTraffic    // destination: point the overlay here (packets held)
-	ActReceive        // destination: receive (or rebuild) images and writable layer
-	ActRestore        // destination: restore the service
-	ActReportRestored // destination: tell the source; await the commit
-	ActReleaseHeld    // destination: deliver the held packets, record the service as its own
-	ActAckCommit      // destination: confirm the commit (best effort)
-	ActAskSource      // destination: ask the source's journal until it answers committed or rolled back
-	ActDestroy        // destination: remove the copy and everything prepared
-	ActFinish         // the migration ended: Action.Outcome, Action.Err
+	ActPrepare      // connect, send the service's description, await the destination's readiness
+	ActRounds       // copy memory and writable layer while the service runs
+	ActFreeze       // hand the traffic to the destination, freeze, lock the network
+	ActDump         // checkpoint (lazy: until the page server is up)
+	ActSend         // send images and writable layer (pre-copy: only the delta)
+	ActCommit       // tell the destination the service is its own once restored
+	ActAwaitOutcome // wait until the destination serves the service, or hands it back
+	ActAskDest      // the destination is silent: ask its journal until it serves or holds nothing
+	ActAwaitLazy    // post-copy: wait until every page was served
+	ActRelease      // free the source's remains of the service
+	ActResume       // the dump failed: thaw, unlock and take the traffic back
+	ActRestoreLocal // restore the service on the source (thaw it, or from its images)
+	ActAbortPeer    // tell the peer this side gives up (best effort)
+	// Destination actions.
+	ActSetupDest   // namespace, holder, bundle, store
+	ActAckPrepared // tell the source it is ready; await the freeze (storing live rounds)
+	ActTakeTraffic // point the overlay here (packets held)
+	ActReceive     // receive (or rebuild) images and writable layer
+	ActRestore     // restore the service
+	ActAwaitCommit // wait for the source's commit (normally already here)
+	ActReleaseHeld // deliver the held packets, record the service as its own
+	ActAckCommit   // tell the source the service is served here, with the restore's account
+	ActAskSource   // the source is silent: ask its journal until it committed or rolled back
+	ActDestroy     // remove the copy and everything prepared
+	ActFinish      // the migration ended: Action.Outcome, Action.Err
 )
 
 var actionNames = map[ActionKind]string{
 	ActJournal: "journal", ActPrepare: "prepare", ActRounds: "live rounds", ActFreeze: "freeze",
-	ActDump: "dump", ActSend: "send state", ActAwaitRestored: "await restore", ActCommit: "commit",
-	ActAwaitLazy: "await lazy pages", ActRelease: "release source", ActResume: "resume",
-	ActRestoreLocal: "restore on source", ActAbortPeer: "abort peer", ActSetupDest: "set up",
-	ActAckPrepared: "ack prepared, await freeze", ActTakeTraffic: "take traffic (held)",
-	ActReceive: "receive state", ActRestore: "restore", ActReportRestored: "report restored, await commit",
-	ActReleaseHeld: "release held packets", ActAckCommit: "ack commit", ActAskSource: "ask source",
+	ActDump: "dump", ActSend: "send state", ActCommit: "commit", ActAwaitOutcome: "await destination",
+	ActAskDest: "ask destination", ActAwaitLazy: "await lazy pages", ActRelease: "release source",
+	ActResume: "resume", ActRestoreLocal: "restore on source", ActAbortPeer: "abort peer",
+	ActSetupDest: "set up", ActAckPrepared: "ack prepared, await freeze", ActTakeTraffic: "take traffic (held)",
+	ActReceive: "receive state", ActRestore: "restore", ActAwaitCommit: "await commit",
+	ActReleaseHeld: "release held packets", ActAckCommit: "report serving", ActAskSource: "ask source",
 	ActDestroy: "destroy copy", ActFinish: "finish",
 }
 

@@ -39,23 +39,23 @@ func join(s ...string) string { return strings.Join(s, ", ") }
 func TestSourceScenarios(t *testing.T) {
 	start := []string{"journal preparing", "prepare"}
 	freeze := []string{"journal frozen", "freeze"}
+	toCommit := append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal committed", "commit", "await destination")
+	happy := []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent)}
 	for _, tc := range []struct {
 		name     string
 		strategy Strategy
 		events   []Event
 		want     []string
 	}{
-		{"stop-and-copy happy path", StopAndCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), ev(EvSwitched), ev(EvReleased)},
-			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
-				"journal committed", "commit", "release source", "journal done", "finish ok")},
+		{"stop-and-copy happy path: the commit follows the state", StopAndCopy,
+			append(happy, ev(EvSwitched), ev(EvReleased)),
+			append(append([]string{}, toCommit...), "release source", "journal done", "finish ok")},
 		{"pre-copy runs live rounds before the freeze", PreCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvRoundsDone)},
 			append(append(append([]string{}, start...), "journal live-rounds", "live rounds"), freeze...)},
-		{"post-copy waits for the lazy pages after the commit", PostCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), ev(EvSwitched), ev(EvLazyDone), ev(EvReleased)},
-			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
-				"journal committed", "commit", "await lazy pages", "release source", "journal done", "finish ok")},
+		{"post-copy waits for the lazy pages once served", PostCopy,
+			append(happy, ev(EvSwitched), ev(EvLazyDone), ev(EvReleased)),
+			append(append([]string{}, toCommit...), "await lazy pages", "release source", "journal done", "finish ok")},
 		{"prepare fails: aborted, the service never stopped", StopAndCopy,
 			[]Event{ev(EvStart), fail()},
 			append(append([]string{}, start...), "abort peer", "journal aborted", "finish aborted (boom)")},
@@ -65,11 +65,17 @@ func TestSourceScenarios(t *testing.T) {
 		{"cancelled during the live rounds", Hybrid,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvCancel)},
 			append(append([]string{}, start...), "journal live-rounds", "live rounds", "abort peer", "journal aborted", "finish aborted (cancelled)")},
+		{"cancelled as the freeze begins", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvCancel)},
+			append(append(append([]string{}, start...), freeze...), "abort peer", "journal aborted", "finish aborted (cancelled)")},
 		{"a live round fails: aborted", PreCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), fail()},
 			append(append([]string{}, start...), "journal live-rounds", "live rounds", "abort peer", "journal aborted", "finish aborted (boom)")},
 		{"the freeze fails: resumed, not restored", StopAndCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), fail(), ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "abort peer", "resume", "journal rolled-back", "finish rolled-back (boom)")},
+		{"the freeze cannot be journaled: nothing froze", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), {Kind: EvJournalFailed, Err: errX}, ev(EvResumed)},
 			append(append(append([]string{}, start...), freeze...), "abort peer", "resume", "journal rolled-back", "finish rolled-back (boom)")},
 		{"the dump fails: resumed", StopAndCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), fail(), ev(EvResumed)},
@@ -77,35 +83,31 @@ func TestSourceScenarios(t *testing.T) {
 		{"sending fails after the dump: restored from images", StopAndCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), fail(), ev(EvResumed)},
 			append(append(append([]string{}, start...), freeze...), "dump", "send state", "abort peer", "restore on source", "journal rolled-back", "finish rolled-back (boom)")},
-		{"the destination's restore fails: restored from images, no abort echoed", StopAndCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), {Kind: EvPeerAborted, Err: errX}, ev(EvResumed)},
-			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
-				"restore on source", "journal rolled-back", "finish rolled-back (boom)")},
-		{"the frozen budget runs out while waiting for the restore", StopAndCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvBudget), ev(EvResumed)},
-			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
-				"abort peer", "restore on source", "journal rolled-back", "finish rolled-back (frozen-window budget exhausted)")},
+		{"the frozen budget runs out while sending", StopAndCopy,
+			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvBudget), ev(EvResumed)},
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "abort peer", "restore on source", "journal rolled-back", "finish rolled-back (frozen-window budget exhausted)")},
+		{"the commit cannot be journaled: rolled back, never committed", StopAndCopy,
+			append(happy, Event{Kind: EvJournalFailed, Err: errX}, ev(EvResumed)),
+			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal committed", "commit", "await destination",
+				"abort peer", "restore on source", "journal rolled-back", "finish rolled-back (boom)")},
+		{"the destination's restore fails after the commit: handed back", StopAndCopy,
+			append(happy, Event{Kind: EvPeerAborted, Err: errX}, ev(EvResumed)),
+			append(append([]string{}, toCommit...), "restore on source", "journal rolled-back", "finish rolled-back (boom)")},
+		{"the destination goes silent after the commit: its journal says it serves", StopAndCopy,
+			append(happy, fail(), ev(EvPeerCommitted), ev(EvReleased)),
+			append(append([]string{}, toCommit...), "ask destination", "release source", "journal done", "finish ok")},
+		{"the destination goes silent after the commit: its journal says it holds nothing", StopAndCopy,
+			append(happy, fail(), ev(EvPeerGaveUp), ev(EvResumed)),
+			append(append([]string{}, toCommit...), "ask destination", "restore on source", "journal rolled-back", "finish rolled-back (the destination holds no copy)")},
+		{"stopping while the destination is silent keeps the commit", StopAndCopy,
+			append(happy, fail(), fail()),
+			append(append([]string{}, toCommit...), "ask destination", "finish undecided (the peer's decision is unknown; asked again when the agent starts\nboom)")},
 		{"the rollback fails: lost", StopAndCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), fail(), fail()},
 			append(append(append([]string{}, start...), freeze...), "dump", "send state", "abort peer", "restore on source", "journal lost", "finish lost (boom\nboom)")},
-		{"no confirmation after the commit: still ok", StopAndCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), fail(), ev(EvReleased)},
-			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
-				"journal committed", "commit", "release source", "journal done", "finish ok")},
-		{"the commit cannot be journaled: rolled back, never committed", StopAndCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), {Kind: EvJournalFailed, Err: errX}, ev(EvResumed)},
-			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
-				"journal committed", "commit", "abort peer", "restore on source", "journal rolled-back", "finish rolled-back (boom)")},
-		{"the freeze cannot be journaled: nothing froze", StopAndCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), {Kind: EvJournalFailed, Err: errX}, ev(EvResumed)},
-			append(append(append([]string{}, start...), freeze...), "abort peer", "resume", "journal rolled-back", "finish rolled-back (boom)")},
-		{"cancelled as the freeze begins", StopAndCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvCancel)},
-			append(append(append([]string{}, start...), freeze...), "abort peer", "journal aborted", "finish aborted (cancelled)")},
-		{"post-copy pages lost after the commit: ok with the error", PostCopy,
-			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), ev(EvSent), ev(EvRestored), ev(EvSwitched), fail(), ev(EvReleased)},
-			append(append(append([]string{}, start...), freeze...), "dump", "send state", "journal transferred", "await restore",
-				"journal committed", "commit", "await lazy pages", "release source", "journal done", "finish ok (boom)")},
+		{"post-copy pages lost after the switch: ok with the error", PostCopy,
+			append(happy, ev(EvSwitched), fail(), ev(EvReleased)),
+			append(append([]string{}, toCommit...), "await lazy pages", "release source", "journal done", "finish ok (boom)")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := run(t, NewSource(tc.strategy), tc.events...)
@@ -120,7 +122,7 @@ func TestDestScenarios(t *testing.T) {
 	start := []string{"journal preparing", "set up"}
 	upToRestore := append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze",
 		"journal frozen", "take traffic (held)", "receive state", "journal transferred", "restore",
-		"journal restored", "report restored, await commit")
+		"journal restored", "await commit")
 	toRestored := []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvSent), ev(EvRestored)}
 	for _, tc := range []struct {
 		name     string
@@ -130,36 +132,36 @@ func TestDestScenarios(t *testing.T) {
 	}{
 		{"happy path: packets held until the commit is journaled", StopAndCopy,
 			append(toRestored, ev(EvCommit)),
-			append(append([]string{}, upToRestore...), "journal committed", "release held packets", "ack commit", "journal done", "finish ok")},
+			append(append([]string{}, upToRestore...), "journal committed", "release held packets", "report serving", "journal done", "finish ok")},
 		{"post-copy waits for its pages", PostCopy,
 			append(toRestored, ev(EvCommit), ev(EvLazyDone)),
-			append(append([]string{}, upToRestore...), "journal committed", "release held packets", "ack commit", "await lazy pages", "journal done", "finish ok")},
-		{"setup fails: the source is told", StopAndCopy,
+			append(append([]string{}, upToRestore...), "journal committed", "release held packets", "report serving", "await lazy pages", "journal done", "finish ok")},
+		{"setup fails: the source is told once it is cleaned up", StopAndCopy,
 			[]Event{ev(EvStart), fail(), ev(EvDestroyed)},
-			append(append([]string{}, start...), "abort peer", "destroy copy", "journal aborted", "finish aborted (boom)")},
+			append(append([]string{}, start...), "destroy copy", "journal aborted", "abort peer", "finish aborted (boom)")},
 		{"the source gives up before the freeze", PreCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), {Kind: EvPeerAborted, Err: errX}, ev(EvDestroyed)},
 			append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze", "destroy copy", "journal aborted", "finish aborted (boom)")},
 		{"receiving fails", StopAndCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), fail(), ev(EvDestroyed)},
 			append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze", "journal frozen", "take traffic (held)",
-				"receive state", "abort peer", "destroy copy", "journal aborted", "finish aborted (boom)")},
-		{"the restore fails", StopAndCopy,
+				"receive state", "destroy copy", "journal aborted", "abort peer", "finish aborted (boom)")},
+		{"the restore fails: the copy goes, then the service is handed back", StopAndCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvSent), fail(), ev(EvDestroyed)},
 			append(append([]string{}, start...), "journal prepared", "ack prepared, await freeze", "journal frozen", "take traffic (held)",
-				"receive state", "journal transferred", "restore", "abort peer", "destroy copy", "journal aborted", "finish aborted (boom)")},
-		{"the source rolls back after the restore: the copy goes", StopAndCopy,
+				"receive state", "journal transferred", "restore", "destroy copy", "journal aborted", "abort peer", "finish aborted (boom)")},
+		{"the source rolls back before its commit: the copy goes", StopAndCopy,
 			append(toRestored, Event{Kind: EvPeerAborted, Err: errX}, ev(EvDestroyed)),
 			append(append([]string{}, upToRestore...), "destroy copy", "journal aborted", "finish aborted (boom)")},
-		{"the source is lost after the restore and had committed", StopAndCopy,
-			append(toRestored, fail(), ev(EvSourceCommitted)),
+		{"the source is lost before its commit arrived, and had committed", StopAndCopy,
+			append(toRestored, fail(), ev(EvPeerCommitted)),
 			append(append([]string{}, upToRestore...), "ask source", "journal committed", "release held packets", "journal done", "finish ok")},
-		{"the source is lost after the restore and rolled back", StopAndCopy,
-			append(toRestored, fail(), ev(EvSourceRolledBack), ev(EvDestroyed)),
+		{"the source is lost and rolled back", StopAndCopy,
+			append(toRestored, fail(), ev(EvPeerGaveUp), ev(EvDestroyed)),
 			append(append([]string{}, upToRestore...), "ask source", "destroy copy", "journal aborted", "finish aborted (the source kept the service)")},
 		{"stopping while the source is silent keeps the copy and the journal", StopAndCopy,
 			append(toRestored, fail(), fail()),
-			append(append([]string{}, upToRestore...), "ask source", "finish undecided (the source's decision is unknown; asked again when the agent starts\nboom)")},
+			append(append([]string{}, upToRestore...), "ask source", "finish undecided (the peer's decision is unknown; asked again when the agent starts\nboom)")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := run(t, NewDest(tc.strategy), tc.events...)
@@ -171,30 +173,59 @@ func TestDestScenarios(t *testing.T) {
 }
 
 // The destination never delivers held packets before it journaled the
-// commit, and never destroys a restored copy without the source's word.
+// commit, never destroys a restored copy without the source's word, and
+// hands a service back only after its copy is destroyed and that is
+// journaled.
 func TestDestInvariants(t *testing.T) {
 	for _, s := range []Strategy{StopAndCopy, PostCopy, PreCopy, Hybrid} {
-		for _, after := range []Event{ev(EvCommit), fail(), {Kind: EvPeerAborted, Err: errX}} {
-			d := NewDest(s)
-			var acts []string
-			for _, e := range []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvSent), ev(EvRestored), after} {
-				as, err := d.Step(e)
-				if err != nil {
-					t.Fatal(err)
+		for _, tail := range [][]Event{{ev(EvCommit)}, {fail()}, {{Kind: EvPeerAborted, Err: errX}}, {fail(), ev(EvPeerGaveUp)}} {
+			for _, restoreFails := range []bool{false, true} {
+				d := NewDest(s)
+				events := []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvSent)}
+				if restoreFails {
+					events = append(events, fail())
+				} else {
+					events = append(append(events, ev(EvRestored)), tail...)
 				}
-				for _, a := range as {
-					acts = append(acts, a.String())
+				var acts []string
+				for _, e := range events {
+					if d.Pending() == ActDestroy && e.Kind != EvDestroyed {
+						e = ev(EvDestroyed)
+					}
+					as, err := d.Step(e)
+					if err != nil {
+						t.Fatal(err)
+					}
+					for _, a := range as {
+						acts = append(acts, a.String())
+					}
 				}
-			}
-			committed := -1
-			for i, a := range acts {
-				if a == "journal committed" {
-					committed = i
+				if d.Pending() == ActDestroy {
+					as, _ := d.Step(ev(EvDestroyed))
+					for _, a := range as {
+						acts = append(acts, a.String())
+					}
 				}
-				if a == "release held packets" && (committed < 0 || committed > i) {
-					t.Errorf("%s/%s: packets released before the commit was journaled: %s", s, after.Kind, join(acts...))
+				committed, destroyed, aborted := -1, -1, -1
+				for i, a := range acts {
+					switch a {
+					case "journal committed":
+						committed = i
+					case "destroy copy":
+						destroyed = i
+					case "journal aborted":
+						aborted = i
+					case "release held packets":
+						if committed < 0 {
+							t.Errorf("%s: packets released before the commit was journaled: %s", s, join(acts...))
+						}
+					case "abort peer":
+						if destroyed < 0 || aborted < 0 {
+							t.Errorf("%s: service handed back before the copy was gone and journaled: %s", s, join(acts...))
+						}
+					}
 				}
-				if a == "destroy copy" && after.Kind == EvFailed {
+				if !restoreFails && len(tail) == 1 && tail[0].Kind == EvFailed && destroyed >= 0 {
 					t.Errorf("%s: restored copy destroyed without the source's word: %s", s, join(acts...))
 				}
 			}
@@ -202,9 +233,9 @@ func TestDestInvariants(t *testing.T) {
 	}
 }
 
-// The source never journals Committed before the destination reported the
-// restore, and a cancel is refused (an unexpected event) past the freeze.
-func TestSourceCommitOnlyAfterRestore(t *testing.T) {
+// The source never rolls back on its own after the commit, and a cancel is
+// refused (an unexpected event) past the freeze.
+func TestSourceAfterCommit(t *testing.T) {
 	s := NewSource(StopAndCopy)
 	for _, e := range []Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen)} {
 		if _, err := s.Step(e); err != nil {
@@ -212,13 +243,18 @@ func TestSourceCommitOnlyAfterRestore(t *testing.T) {
 		}
 	}
 	if !s.PastFreeze() {
-		t.Fatal("PastFreeze false after the freeze was journaled")
+		t.Fatal("PastFreeze false after the freeze")
 	}
 	if _, err := s.Step(ev(EvCancel)); !errors.Is(err, ErrUnexpected) {
 		t.Errorf("cancel past the freeze: err = %v, want ErrUnexpected", err)
 	}
-	if _, err := s.Step(ev(EvRestored)); !errors.Is(err, ErrUnexpected) {
-		t.Errorf("restored before the dump: err = %v, want ErrUnexpected", err)
+	for _, e := range []Event{ev(EvDumped), ev(EvSent)} {
+		if _, err := s.Step(e); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Step(ev(EvBudget)); !errors.Is(err, ErrUnexpected) {
+		t.Errorf("a budget past the commit: err = %v, want ErrUnexpected (no rollback on the source's own account)", err)
 	}
 }
 
@@ -236,12 +272,16 @@ func TestRecoverSource(t *testing.T) {
 			[]string{"abort peer", "journal aborted", "finish aborted (the source agent restarted before the freeze)"}},
 		{StopAndCopy, Frozen, false, []Event{ev(EvResumed)},
 			[]string{"abort peer", "restore on source", "journal rolled-back", "finish rolled-back (the source agent restarted past the freeze)"}},
-		{StopAndCopy, Transferred, true, []Event{ev(EvSwitched), ev(EvReleased)},
-			[]string{"journal committed", "commit", "release source", "journal done", "finish ok"}},
-		{PostCopy, Transferred, true, []Event{ev(EvResumed)},
+		{StopAndCopy, Frozen, true, []Event{ev(EvPeerCommitted), ev(EvReleased)},
+			[]string{"journal committed", "ask destination", "release source", "journal done", "finish ok"}},
+		{PostCopy, Frozen, true, []Event{ev(EvResumed)},
 			[]string{"abort peer", "restore on source", "journal rolled-back", "finish rolled-back (the source agent restarted past the freeze)"}},
-		{StopAndCopy, Committed, false, []Event{ev(EvFailed), ev(EvReleased)},
-			[]string{"commit", "release source", "journal done", "finish ok"}},
+		{StopAndCopy, Committed, false, []Event{ev(EvPeerCommitted), ev(EvReleased)},
+			[]string{"ask destination", "release source", "journal done", "finish ok"}},
+		{PostCopy, Committed, false, []Event{ev(EvPeerCommitted), ev(EvReleased)},
+			[]string{"ask destination", "release source", "journal done", "finish ok"}},
+		{StopAndCopy, Committed, false, []Event{ev(EvPeerGaveUp), ev(EvResumed)},
+			[]string{"ask destination", "restore on source", "journal rolled-back", "finish rolled-back (the destination holds no copy)"}},
 		{StopAndCopy, Done, false, nil, nil},
 	} {
 		t.Run(string(tc.strategy)+"/"+string(tc.phase), func(t *testing.T) {
@@ -259,18 +299,17 @@ func TestRecoverSource(t *testing.T) {
 }
 
 func TestRecoverDest(t *testing.T) {
+	destroyed := []string{"destroy copy", "journal aborted", "finish aborted (the destination agent restarted before the service was restored)"}
 	for _, tc := range []struct {
 		phase  Phase
 		events []Event
 		want   []string
 	}{
-		{Prepared, []Event{ev(EvDestroyed)},
-			[]string{"destroy copy", "journal aborted", "finish aborted (the destination agent restarted before the restore was reported)"}},
-		{Transferred, []Event{ev(EvDestroyed)},
-			[]string{"destroy copy", "journal aborted", "finish aborted (the destination agent restarted before the restore was reported)"}},
-		{Restored, []Event{ev(EvSourceCommitted)},
+		{Prepared, []Event{ev(EvDestroyed)}, destroyed},
+		{Transferred, []Event{ev(EvDestroyed)}, destroyed},
+		{Restored, []Event{ev(EvPeerCommitted)},
 			[]string{"ask source", "journal committed", "release held packets", "journal done", "finish ok"}},
-		{Restored, []Event{ev(EvSourceRolledBack), ev(EvDestroyed)},
+		{Restored, []Event{ev(EvPeerGaveUp), ev(EvDestroyed)},
 			[]string{"ask source", "destroy copy", "journal aborted", "finish aborted (the source kept the service)"}},
 		{Committed, nil,
 			[]string{"journal committed", "release held packets", "journal done", "finish ok"}},

@@ -225,10 +225,11 @@ const (
 	MsgRound    = "round"    // S→D RoundStart: pre-copy: a live round's stream follows
 	MsgStored   = "stored"   // D→S RoundStart: the round is in the destination's store
 	MsgFrozen   = "frozen"   // S→D {}: the source freezes now; D takes the traffic and holds it
-	MsgRestored = "restored" // D→S Restored (after the image and layer streams)
-	MsgCommit   = "commit"   // S→D {}: S has given the service up; D switches the network
-	MsgSwitched = "switched" // D→S Switched
-	MsgAbort    = "abort"    // either way: Abort
+	MsgCommit   = "commit"   // S→D {}, right behind the state: S journaled the commit; D serves once restored
+	MsgSwitched = "switched" // D→S Switched: D committed and delivered the held packets
+	// MsgAbort goes either way: the sender gives up. From D after the
+	// commit it hands the service back: D's copy is gone, S resumes it.
+	MsgAbort = "abort"
 )
 
 // Prepare describes the service so the destination can get ready before
@@ -272,6 +273,9 @@ type Switched struct {
 	// Held is how many packets the destination held from the freeze
 	// until the commit and then delivered.
 	Held int `json:"held"`
+	// Restore is the destination's account of its part of the frozen
+	// window.
+	Restore RestoreReport `json:"restore"`
 }
 
 // Abort carries the reason a side gave up.

@@ -17,10 +17,10 @@ type Plan struct {
 // success is the event that answers an awaited action when it succeeds.
 var success = map[ActionKind]EventKind{
 	ActPrepare: EvPrepared, ActRounds: EvRoundsDone, ActFreeze: EvFrozen, ActDump: EvDumped,
-	ActSend: EvSent, ActAwaitRestored: EvRestored, ActCommit: EvSwitched, ActAwaitLazy: EvLazyDone,
+	ActSend: EvSent, ActAwaitOutcome: EvSwitched, ActAskDest: EvPeerCommitted, ActAwaitLazy: EvLazyDone,
 	ActRelease: EvReleased, ActResume: EvResumed, ActRestoreLocal: EvResumed,
 	ActSetupDest: EvPrepared, ActAckPrepared: EvFrozen, ActReceive: EvSent, ActRestore: EvRestored,
-	ActReportRestored: EvCommit, ActAskSource: EvSourceCommitted, ActDestroy: EvDestroyed,
+	ActAwaitCommit: EvCommit, ActAskSource: EvPeerCommitted, ActDestroy: EvDestroyed,
 }
 
 // stepper is what Source and Dest have in common.

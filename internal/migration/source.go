@@ -7,9 +7,13 @@ import "errors"
 // do; the agent performs the actions (I/O) and reports their outcome as
 // the next event. Not safe for concurrent use.
 //
-// The commit point is the source's journal entry Committed: before it,
-// any failure past the freeze resumes the service here; after it, the
-// service belongs to the destination whatever happens to either side.
+// The commit point is the source's journal entry Committed, written once
+// the whole state is sent: before it, any failure past the freeze resumes
+// the service here on this side's own decision; after it, the service is
+// the destination's once restored, and comes back here only when the
+// destination hands it back (its restore failed, its copy is gone). The
+// commit travels to the destination right behind the state, so it is
+// there before the restore ends and costs the frozen window nothing.
 type Source struct {
 	strategy Strategy
 	phase    Phase
@@ -63,11 +67,11 @@ func (s *Source) Step(ev Event) ([]Action, error) {
 				if s.strategy.Live() {
 					return s.to(LiveRounds, ActRounds), nil
 				}
-				return s.freeze(), nil
+				return s.to(Frozen, ActFreeze), nil
 			}
 		case EvRoundsDone:
 			if s.pending == ActRounds {
-				return s.freeze(), nil
+				return s.to(Frozen, ActFreeze), nil
 			}
 		case EvFailed, EvPeerAborted, EvCancel:
 			return s.abort(failure(ev), ev.Kind != EvPeerAborted), nil
@@ -95,28 +99,33 @@ func (s *Source) Step(ev Event) ([]Action, error) {
 	case ActSend:
 		switch ev.Kind {
 		case EvSent:
-			return s.to(Transferred, ActAwaitRestored), nil
+			s.phase, s.pending = Committed, ActAwaitOutcome
+			return []Action{journal(Committed), act(ActCommit), act(ActAwaitOutcome)}, nil
 		case EvFailed, EvPeerAborted, EvBudget:
 			return s.rollback(failure(ev), ev.Kind != EvPeerAborted), nil
 		}
-	case ActAwaitRestored:
+	case ActAwaitOutcome, ActAskDest:
+		// Committed: no rollback on this side's own account any more.
 		switch ev.Kind {
-		case EvRestored:
-			return s.to(Committed, ActCommit), nil
-		case EvFailed, EvPeerAborted, EvBudget:
-			return s.rollback(failure(ev), ev.Kind != EvPeerAborted), nil
-		}
-	case ActCommit:
-		// Committed: a destination that did not confirm learns the
-		// outcome from this side's journal, so nothing here fails it.
-		switch ev.Kind {
-		case EvSwitched, EvFailed, EvPeerAborted:
-			if s.strategy.Lazy() {
-				s.pending = ActAwaitLazy
-				return []Action{act(ActAwaitLazy)}, nil
+		case EvSwitched, EvPeerCommitted:
+			return s.served(), nil
+		case EvPeerAborted, EvPeerGaveUp:
+			// Handed back: the destination holds no copy.
+			s.cause = failure(ev)
+			if ev.Kind == EvPeerGaveUp && ev.Err == nil {
+				s.cause = errors.New("the destination holds no copy")
 			}
-			s.pending = ActRelease
-			return []Action{act(ActRelease)}, nil
+			s.pending = ActRestoreLocal
+			return []Action{act(ActRestoreLocal)}, nil
+		case EvFailed:
+			if s.pending == ActAwaitOutcome {
+				// The destination is silent: its journal decides.
+				s.pending = ActAskDest
+				return []Action{act(ActAskDest)}, nil
+			}
+			// Stopping while undecided: the journal keeps Committed.
+			s.pending = 0
+			return []Action{finish(OutcomeUndecided, errors.Join(ErrUndecided, ev.Err))}, nil
 		}
 	case ActAwaitLazy:
 		switch ev.Kind {
@@ -142,6 +151,17 @@ func (s *Source) Step(ev Event) ([]Action, error) {
 	return nil, unexpected(RoleSource, s.phase, s.pending, ev)
 }
 
+// served: the destination serves the service; the source waits for the
+// lazy pages it still serves, then lets go.
+func (s *Source) served() []Action {
+	if s.strategy.Lazy() {
+		s.pending = ActAwaitLazy
+		return []Action{act(ActAwaitLazy)}
+	}
+	s.pending = ActRelease
+	return []Action{act(ActRelease)}
+}
+
 // journalFailed answers a phase that could not be persisted: the action
 // after it was not taken, and without the record a crash could not be
 // settled, so the migration gives up the way its phase allows. A commit
@@ -152,10 +172,8 @@ func (s *Source) journalFailed(err error) ([]Action, error) {
 		return s.abort(err, true), nil
 	case ActFreeze:
 		return s.rollback(err, true), nil // nothing frozen yet: resume is a no-op
-	case ActAwaitRestored:
-		return s.rollback(err, true), nil
-	case ActCommit:
-		s.phase = Transferred
+	case ActAwaitOutcome:
+		s.phase = Frozen
 		return s.rollback(err, true), nil
 	}
 	return nil, unexpected(RoleSource, s.phase, s.pending, Event{Kind: EvJournalFailed, Err: err})
@@ -167,8 +185,6 @@ func (s *Source) to(p Phase, k ActionKind) []Action {
 	return []Action{journal(p), act(k)}
 }
 
-func (s *Source) freeze() []Action { return s.to(Frozen, ActFreeze) }
-
 // abort gives up before the freeze: the service never stopped.
 func (s *Source) abort(err error, tellPeer bool) []Action {
 	var acts []Action
@@ -178,8 +194,8 @@ func (s *Source) abort(err error, tellPeer bool) []Action {
 	return append(acts, s.end(Aborted, OutcomeAborted, err)...)
 }
 
-// rollback gives up past the freeze: the service resumes here, from its
-// images once the dump completed.
+// rollback gives up past the freeze and before the commit: the service
+// resumes here, from its images once the dump completed.
 func (s *Source) rollback(err error, tellPeer bool) []Action {
 	s.cause = err
 	var acts []Action
@@ -200,22 +216,28 @@ func (s *Source) end(p Phase, o Outcome, err error) []Action {
 
 // RecoverSource returns the machine of a migration an agent journaled in
 // phase p before it stopped, and the actions that settle it. destRestored
-// says whether the destination reports the service restored there and
-// waiting for the commit: then, unless the strategy is lazy (its pages
-// were served by the dump that died with the agent), the service is
+// says whether the destination reports the service restored and waiting
+// for a commit that never came: then, unless the strategy is lazy (its
+// pages were served by the dump that died with the agent), the service is
 // handed over instead of restored here.
 //
-// Before the freeze nothing changed: the migration is aborted. Past the
-// freeze and before the commit the service is resumed here (thawed, or
-// restored from its images) or handed over. Committed completes.
+// Before the freeze nothing changed: the migration is aborted. Frozen (not
+// committed): the service resumes here (thawed, or restored from its
+// images), or is handed over. Committed: the destination's journal says
+// whether it serves the service or holds nothing (then it resumes here).
 func RecoverSource(s Strategy, p Phase, destRestored bool) (*Source, []Action) {
 	m := &Source{strategy: s, phase: p}
+	if s.Lazy() {
+		// The lazy dump died with the agent: no pages to wait for.
+		m.strategy = StopAndCopy
+	}
 	switch p {
 	case "", Preparing, LiveRounds:
 		return m, m.abort(errors.New("the source agent restarted before the freeze"), true)
 	case Frozen, Transferred:
 		if destRestored && !s.Lazy() {
-			return m, m.to(Committed, ActCommit)
+			m.phase, m.pending = Committed, ActAskDest
+			return m, []Action{journal(Committed), act(ActAskDest)}
 		}
 		// Whether the dump completed is not journaled: the rollback
 		// looks at the service itself (running or frozen: thaw; gone:
@@ -223,8 +245,8 @@ func RecoverSource(s Strategy, p Phase, destRestored bool) (*Source, []Action) {
 		m.dumped = true
 		return m, m.rollback(errors.New("the source agent restarted past the freeze"), true)
 	case Committed:
-		m.pending = ActCommit
-		return m, []Action{act(ActCommit)}
+		m.pending = ActAskDest
+		return m, []Action{act(ActAskDest)}
 	}
 	return m, nil // final: nothing to do
 }
