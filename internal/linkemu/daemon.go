@@ -346,8 +346,29 @@ type heldPacket struct {
 	release time.Time
 }
 
-// openQueueLocked binds queue num; d.mu is held.
+// openQueueLocked binds queue num; d.mu is held. Binding is a sequence of
+// netlink requests on the queue's socket, and once the queue itself is
+// bound the kernel may deliver a packet before the last replies: the
+// library then reads it as a reply ("mismatched sequence in netlink
+// reply"). Traffic on a link that is being set up does that now and then,
+// so a failed bind is tried again on a fresh socket.
 func (d *Daemon) openQueueLocked(num uint16, p Params) (*queue, error) {
+	var errs []error
+	for attempt := 0; attempt < 5; attempt++ {
+		q, err := d.tryOpenQueueLocked(num, p)
+		if err == nil {
+			if attempt > 0 {
+				d.log.Info("queue bound after retrying", "queue", num, "attempts", attempt+1)
+			}
+			return q, nil
+		}
+		errs = append(errs, err)
+		time.Sleep(time.Duration(attempt+1) * 10 * time.Millisecond)
+	}
+	return nil, errors.Join(errs...)
+}
+
+func (d *Daemon) tryOpenQueueLocked(num uint16, p Params) (*queue, error) {
 	log := d.log.With("queue", num)
 	cfg := &nfqueue.Config{
 		NfQueue:     num,
