@@ -540,6 +540,11 @@ func (in *incoming) destroy(ctx context.Context) error {
 	}
 	a.killRuncFor(name)
 	err := a.destroy(context.WithoutCancel(ctx), name)
+	for _, d := range []string{name + "-in", name + "-in-work", name + "-store"} {
+		if rerr := os.RemoveAll(filepath.Join(a.scratchDir(), d)); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}
 	if in.unreserve != nil {
 		in.unreserve()
 		in.unreserve = nil

@@ -748,6 +748,12 @@ func (o *outgoing) finish(act migration.Action) {
 		a.log.Warn("migration failed", "container", res.Container, "to", res.To, "strategy", res.Strategy,
 			"outcome", act.Outcome, "migration", res.ID, "err", res.Error)
 	}
+	if act.Outcome != migration.OutcomeUndecided {
+		// Images are kept only while the destination may still hand the
+		// service back.
+		_ = os.RemoveAll(o.rec.ImageDir)
+		_ = os.RemoveAll(o.rec.ImageDir + "-rollback")
+	}
 	a.recordHistory(*res)
 	a.metrics.observe(*res, migration.RoleSource)
 	o.job.end(act.Outcome, res)
