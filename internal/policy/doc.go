@@ -1,0 +1,12 @@
+// Package policy is tier 2 of the double-tier migration: when and where a
+// service moves to follow its user. Each service chooses a policy — a
+// latency threshold (ARNAB, Foglets), a regional access change with a hop
+// limit (ARNAB Sec. 4.3), Teka et al.'s neighbour database and Algorithm
+// 2, a throughput threshold (H-Container), or the performance model
+// choosing target and strategy for a downtime target — and every policy
+// is damped the same way: a node that stopped heartbeating is never a
+// target, nothing moves within a minimum dwell time of the last
+// migration, and a target must beat the serving node by a hysteresis
+// margin. Decide is pure: it reads a View and returns a Decision with its
+// inputs and reason; the controller does the I/O.
+package policy

@@ -1,0 +1,470 @@
+package policy
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sort"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/model"
+	"github.com/edgehop/edgehop/internal/topo"
+)
+
+// Kinds of policy.
+const (
+	KindLatency    = "latency"    // ARNAB Sec. 4.3 latency monitoring; Foglets
+	KindRegion     = "region"     // ARNAB Sec. 4.3 regional access change with a hop limit
+	KindTeka       = "teka"       // Teka et al. neighbour database and Algorithm 2
+	KindThroughput = "throughput" // H-Container Sec. 7: migrate when throughput falls under a threshold
+	KindModel      = "model"      // the performance model picks the target and the strategy
+)
+
+// Kinds lists the policies.
+func Kinds() []string { return []string{KindLatency, KindRegion, KindTeka, KindThroughput, KindModel} }
+
+// Config chooses and parameterises a service's policy. Zero fields take
+// DefaultConfig's values.
+type Config struct {
+	Kind string `json:"kind"`
+	// Latency: migrate when the user's latency to the serving node
+	// exceeds ThresholdMs.
+	ThresholdMs float64 `json:"threshold_ms,omitempty"`
+	// Region: migrate when the user's region is MaxHops or more
+	// aggregation links from the serving node's.
+	MaxHops int `json:"max_hops,omitempty"`
+	// Teka: nodes whose RTT to the serving node is at most NeighbourMs
+	// (150 ms in the paper) form its neighbour database; the service's
+	// initiation time (starting afresh) is weighed against the
+	// migration's.
+	NeighbourMs     float64 `json:"neighbour_ms,omitempty"`
+	UselessMs       float64 `json:"useless_ms,omitempty"` // 1 s in the paper: beyond it the service is useless
+	ServiceInitMs   float64 `json:"service_init_ms,omitempty"`
+	// Throughput: migrate when the user's throughput falls under MinOps
+	// operations per second.
+	MinOps float64 `json:"min_ops,omitempty"`
+	// Model: the downtime the chosen strategy must meet.
+	DowntimeTargetMs float64 `json:"downtime_target_ms,omitempty"`
+
+	// Damping, for every policy: no migration within MinDwell of the
+	// last; a target must be better than the serving node by
+	// HysteresisMs of latency.
+	MinDwell     time.Duration `json:"min_dwell_ns,omitempty"`
+	HysteresisMs float64       `json:"hysteresis_ms,omitempty"`
+	// Strategy is the migration strategy (the model policy chooses its
+	// own).
+	Strategy string `json:"strategy,omitempty"`
+}
+
+// DefaultConfig returns the defaults of kind.
+func DefaultConfig(kind string) Config {
+	return Config{Kind: kind, ThresholdMs: 6, MaxHops: 1, NeighbourMs: 150, UselessMs: 1000, ServiceInitMs: 5000,
+		MinOps: 0, DowntimeTargetMs: 1000, MinDwell: 10 * time.Second, HysteresisMs: 1, Strategy: "stop-and-copy"}
+}
+
+// WithDefaults fills zero fields from DefaultConfig(c.Kind).
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig(c.Kind)
+	if c.ThresholdMs == 0 {
+		c.ThresholdMs = d.ThresholdMs
+	}
+	if c.MaxHops == 0 {
+		c.MaxHops = d.MaxHops
+	}
+	if c.NeighbourMs == 0 {
+		c.NeighbourMs = d.NeighbourMs
+	}
+	if c.UselessMs == 0 {
+		c.UselessMs = d.UselessMs
+	}
+	if c.ServiceInitMs == 0 {
+		c.ServiceInitMs = d.ServiceInitMs
+	}
+	if c.DowntimeTargetMs == 0 {
+		c.DowntimeTargetMs = d.DowntimeTargetMs
+	}
+	if c.MinDwell == 0 {
+		c.MinDwell = d.MinDwell
+	}
+	if c.HysteresisMs == 0 {
+		c.HysteresisMs = d.HysteresisMs
+	}
+	if c.Strategy == "" {
+		c.Strategy = d.Strategy
+	}
+	return c
+}
+
+// Validate checks the configuration.
+func (c Config) Validate() error {
+	var errs []error
+	known := false
+	for _, k := range Kinds() {
+		known = known || k == c.Kind
+	}
+	if !known {
+		errs = append(errs, fmt.Errorf("policy %q: want one of %v", c.Kind, Kinds()))
+	}
+	for name, v := range map[string]float64{"threshold_ms": c.ThresholdMs, "neighbour_ms": c.NeighbourMs, "useless_ms": c.UselessMs,
+		"service_init_ms": c.ServiceInitMs, "min_ops": c.MinOps, "downtime_target_ms": c.DowntimeTargetMs, "hysteresis_ms": c.HysteresisMs} {
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			errs = append(errs, fmt.Errorf("%s %v: want a finite value ≥ 0", name, v))
+		}
+	}
+	if c.MaxHops < 0 || c.MinDwell < 0 {
+		errs = append(errs, errors.New("max_hops and min_dwell must be ≥ 0"))
+	}
+	if c.Kind == KindThroughput && c.MinOps <= 0 {
+		errs = append(errs, errors.New("throughput policy: min_ops must be > 0"))
+	}
+	return errors.Join(errs...)
+}
+
+// User is what the controller knows of one user a service serves.
+type User struct {
+	Name   string     `json:"name"`
+	Pos    topo.Point `json:"pos"`
+	AP     string     `json:"ap"`
+	Region string     `json:"region"`
+	// RTTMs is the measured round-trip time from each node to the user's
+	// device (agents measure it through the emulated network); a node
+	// without a measurement is not a candidate for latency-based
+	// policies.
+	RTTMs map[string]float64 `json:"rtt_ms"`
+	// ThroughputOps is the device's reported operations per second (0:
+	// not reported).
+	ThroughputOps float64 `json:"throughput_ops"`
+	// LatencyMs is the device's reported request latency (0: not
+	// reported); RTTMs to the serving node stands in when it is absent.
+	LatencyMs float64 `json:"latency_ms"`
+}
+
+// Node is what the controller knows of a node.
+type Node struct {
+	Name   string     `json:"name"`
+	Region string     `json:"region"`
+	Pos    topo.Point `json:"pos"`
+	Alive  bool       `json:"alive"` // heartbeating
+	// NeighbourRTTMs is the node's measured RTT to other nodes (Teka's
+	// possible neighbour database, refreshed by its agent).
+	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`
+	// LinkBps is the bit rate of its link (0: unknown).
+	LinkBps float64 `json:"link_bps,omitempty"`
+}
+
+// Service is one service under a policy.
+type Service struct {
+	Name          string    `json:"name"`
+	Node          string    `json:"node"`
+	MemoryBytes   int64     `json:"memory_bytes"`
+	DirtyRate     float64   `json:"dirty_rate"` // pages/s, for the model
+	LastMigration time.Time `json:"last_migration"`
+	Config        Config    `json:"policy"`
+}
+
+// View is everything a decision reads.
+type View struct {
+	Now     time.Time
+	Topo    *topo.Topology
+	Service Service
+	User    User // the user the service follows
+	Nodes   map[string]Node
+	// Params returns the performance model's parameters for a strategy
+	// (fitted on this machine, or PAM's); nil uses model.DefaultParams.
+	Params func(strategy model.Strategy) model.Params
+}
+
+// Decision is a policy's verdict, logged with its inputs.
+type Decision struct {
+	Service  string             `json:"service"`
+	User     string             `json:"user"`
+	Policy   string             `json:"policy"`
+	Migrate  bool               `json:"migrate"`
+	From     string             `json:"from"`
+	To       string             `json:"to,omitempty"`
+	Strategy string             `json:"strategy,omitempty"`
+	Reason   string             `json:"reason"`
+	Inputs   map[string]float64 `json:"inputs"`
+}
+
+// Decide runs the service's policy on v, damped: never towards a node
+// that stopped heartbeating, not within the minimum dwell time of the
+// last migration, and only to a target better than the serving node by
+// the hysteresis margin.
+func Decide(v View) Decision {
+	c := v.Service.Config.WithDefaults()
+	d := Decision{Service: v.Service.Name, User: v.User.Name, Policy: c.Kind, From: v.Service.Node, Inputs: map[string]float64{}}
+	cur, curOK := v.User.RTTMs[v.Service.Node]
+	if curOK {
+		d.Inputs["rtt_serving_ms"] = cur
+	}
+	if !v.Service.LastMigration.IsZero() {
+		since := v.Now.Sub(v.Service.LastMigration)
+		d.Inputs["since_last_migration_s"] = since.Seconds()
+		if since < c.MinDwell {
+			d.Reason = fmt.Sprintf("dwell: migrated %.1f s ago, the minimum is %s", since.Seconds(), c.MinDwell)
+			return d
+		}
+	}
+	switch c.Kind {
+	case KindLatency:
+		return latency(v, c, d)
+	case KindRegion:
+		return region(v, c, d)
+	case KindTeka:
+		return teka(v, c, d)
+	case KindThroughput:
+		return throughput(v, c, d)
+	case KindModel:
+		return modelDriven(v, c, d)
+	}
+	d.Reason = fmt.Sprintf("unknown policy %q", c.Kind)
+	return d
+}
+
+// best is the alive node with the lowest measured RTT to the user, other
+// than exclude ("" when none); ties by name.
+func best(v View, exclude string) (string, float64) {
+	names := make([]string, 0, len(v.User.RTTMs))
+	for n := range v.User.RTTMs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	bn, br := "", math.Inf(1)
+	for _, n := range names {
+		if n == exclude || !v.Nodes[n].Alive {
+			continue
+		}
+		if r := v.User.RTTMs[n]; r < br {
+			bn, br = n, r
+		}
+	}
+	return bn, br
+}
+
+// towardsBest completes d with a migration to the lowest-RTT alive node,
+// provided it beats the serving node by the hysteresis margin.
+func towardsBest(v View, c Config, d Decision, why string) Decision {
+	to, rtt := best(v, v.Service.Node)
+	if to == "" {
+		d.Reason = why + "; no other live node has a measured RTT to the user"
+		return d
+	}
+	d.Inputs["rtt_target_ms"] = rtt
+	cur, ok := v.User.RTTMs[v.Service.Node]
+	if ok && v.Nodes[v.Service.Node].Alive && rtt > cur-c.HysteresisMs {
+		d.Reason = fmt.Sprintf("%s; but %s (%.2f ms) is not %.2f ms better than %s (%.2f ms)", why, to, rtt, c.HysteresisMs, v.Service.Node, cur)
+		return d
+	}
+	d.Migrate, d.To, d.Strategy = true, to, c.Strategy
+	d.Reason = fmt.Sprintf("%s; %s is closest (%.2f ms)", why, to, rtt)
+	return d
+}
+
+// userLatency is the latency the user sees: its own report, else the
+// serving node's measured RTT.
+func userLatency(v View) (float64, bool) {
+	if v.User.LatencyMs > 0 {
+		return v.User.LatencyMs, true
+	}
+	r, ok := v.User.RTTMs[v.Service.Node]
+	return r, ok
+}
+
+// latency: ARNAB Sec. 4.3, "the latency can be measured between the user
+// device and the serving edge"; Foglets: "the application component is
+// migrated to a suitable node when the latency exceeds a threshold".
+func latency(v View, c Config, d Decision) Decision {
+	l, ok := userLatency(v)
+	d.Inputs["threshold_ms"] = c.ThresholdMs
+	if !ok {
+		d.Reason = "no latency measured for the user yet"
+		return d
+	}
+	d.Inputs["latency_ms"] = l
+	if l <= c.ThresholdMs && v.Nodes[v.Service.Node].Alive {
+		d.Reason = fmt.Sprintf("latency %.2f ms within the threshold %.2f ms", l, c.ThresholdMs)
+		return d
+	}
+	return towardsBest(v, c, d, fmt.Sprintf("latency %.2f ms above the threshold %.2f ms", l, c.ThresholdMs))
+}
+
+// region: ARNAB Sec. 4.3, "the migration can be triggered if the number
+// of hops has reached a predefined value for the respective application".
+func region(v View, c Config, d Decision) Decision {
+	srv := v.Nodes[v.Service.Node]
+	hops := v.Topo.RegionHops(v.User.Region, srv.Region)
+	d.Inputs["hops"] = float64(hops)
+	d.Inputs["max_hops"] = float64(c.MaxHops)
+	if hops >= 0 && hops < c.MaxHops && srv.Alive {
+		d.Reason = fmt.Sprintf("user in %s, %d hop(s) from %s's %s: under the limit %d", v.User.Region, hops, srv.Name, srv.Region, c.MaxHops)
+		return d
+	}
+	// The target: a live node of the user's region, the one the user
+	// measures closest (else the nearest by position).
+	var cands []string
+	for _, n := range v.Topo.NodesByDistance(v.User.Pos) {
+		if n.Region == v.User.Region && v.Nodes[n.Name].Alive && n.Name != srv.Name {
+			cands = append(cands, n.Name)
+		}
+	}
+	if len(cands) == 0 {
+		d.Reason = fmt.Sprintf("user in %s, %d hop(s) away, but no live node in that region", v.User.Region, hops)
+		return d
+	}
+	to := cands[0]
+	for _, n := range cands {
+		if r, ok := v.User.RTTMs[n]; ok {
+			if rb, okb := v.User.RTTMs[to]; !okb || r < rb {
+				to = n
+			}
+		}
+	}
+	rTo, okTo := v.User.RTTMs[to]
+	rCur, okCur := v.User.RTTMs[srv.Name]
+	if okTo && okCur && srv.Alive && rTo > rCur-c.HysteresisMs {
+		// Just across a border: the user is in the new region, but not
+		// measurably closer to its node yet.
+		d.Reason = fmt.Sprintf("user in %s, %d hop(s) away, but %s (%.2f ms) is not %.2f ms better than %s (%.2f ms)",
+			v.User.Region, hops, to, rTo, c.HysteresisMs, srv.Name, rCur)
+		return d
+	}
+	d.Migrate, d.To, d.Strategy = true, to, c.Strategy
+	d.Reason = fmt.Sprintf("user's access moved to %s, %d hop(s) from %s (limit %d): %s serves %s", v.User.Region, hops, srv.Region, c.MaxHops, to, v.User.Region)
+	return d
+}
+
+// teka: Teka et al. Sec. V, Algorithm 2. The candidate is the node the
+// user now reaches best ("when a cloudlet receives a packet from a remote
+// LAN, it checks whether the network address matches any of the cloudlets
+// in the possible neighbour database"; only neighbours under 150 ms RTT
+// qualify). Then: "if (initial RTT + Delta RTT <= 150msec) then migrate
+// the VM else if ((150msec < Initial RTT + delta RTT <= 1sec) and
+// (estimated VM migration time < service initiation time)) then migrate
+// the VM else ignore VM migration".
+func teka(v View, c Config, d Decision) Decision {
+	to, rttTo := best(v, "")
+	if to == "" {
+		d.Reason = "no live node has a measured RTT to the user"
+		return d
+	}
+	if to == v.Service.Node {
+		d.Reason = fmt.Sprintf("the user reaches %s best (%.2f ms): nothing to do", to, rttTo)
+		return d
+	}
+	cur, okCur := v.User.RTTMs[v.Service.Node]
+	if okCur && rttTo > cur-c.HysteresisMs && v.Nodes[v.Service.Node].Alive {
+		d.Reason = fmt.Sprintf("%s (%.2f ms) is not %.2f ms better than %s (%.2f ms)", to, rttTo, c.HysteresisMs, v.Service.Node, cur)
+		return d
+	}
+	nb, inDB := v.Nodes[v.Service.Node].NeighbourRTTMs[to]
+	d.Inputs["neighbour_rtt_ms"] = nb
+	d.Inputs["neighbour_limit_ms"] = c.NeighbourMs
+	if !inDB || nb > c.NeighbourMs {
+		d.Reason = fmt.Sprintf("%s is not in %s's possible neighbour database (RTT %.1f ms, limit %.0f ms, measured %t)", to, v.Service.Node, nb, c.NeighbourMs, inDB)
+		return d
+	}
+	// Initial RTT: what the user sees of the service now, over the path
+	// through the WAN; Delta RTT: the increase while the state crosses
+	// the link (profiled: the state's transfer time over the neighbour
+	// path stands for the queueing it adds, bounded by that path's RTT).
+	initial := cur
+	if !okCur {
+		initial = rttTo + nb
+	}
+	est := estimateMigrationMs(v, c.Strategy, nb)
+	delta := math.Min(est, nb)
+	d.Inputs["initial_rtt_ms"], d.Inputs["delta_rtt_ms"], d.Inputs["estimated_migration_ms"], d.Inputs["service_init_ms"] = initial, delta, est, c.ServiceInitMs
+	switch sum := initial + delta; {
+	case sum <= c.NeighbourMs:
+		d.Migrate, d.To, d.Strategy = true, to, c.Strategy
+		d.Reason = fmt.Sprintf("Alg. 2: initial RTT + ΔRTT = %.1f ms ≤ %.0f ms: migrate to %s", sum, c.NeighbourMs, to)
+	case sum <= c.UselessMs && est < c.ServiceInitMs:
+		d.Migrate, d.To, d.Strategy = true, to, c.Strategy
+		d.Reason = fmt.Sprintf("Alg. 2: %.1f ms ≤ %.0f ms and migration %.0f ms < initiation %.0f ms: migrate to %s", sum, c.UselessMs, est, c.ServiceInitMs, to)
+	default:
+		d.Reason = fmt.Sprintf("Alg. 2: initial RTT + ΔRTT = %.1f ms and migration %.0f ms vs initiation %.0f ms: ignore the migration, start afresh", sum, est, c.ServiceInitMs)
+	}
+	return d
+}
+
+// throughput: H-Container Sec. 7, migration "when the throughput (Redis)
+// ... fall[s] under a certain threshold".
+func throughput(v View, c Config, d Decision) Decision {
+	d.Inputs["min_ops"] = c.MinOps
+	if v.User.ThroughputOps <= 0 {
+		d.Reason = "no throughput reported by the user yet"
+		return d
+	}
+	d.Inputs["throughput_ops"] = v.User.ThroughputOps
+	if v.User.ThroughputOps >= c.MinOps && v.Nodes[v.Service.Node].Alive {
+		d.Reason = fmt.Sprintf("throughput %.0f op/s at or above %.0f op/s", v.User.ThroughputOps, c.MinOps)
+		return d
+	}
+	return towardsBest(v, c, d, fmt.Sprintf("throughput %.0f op/s under %.0f op/s", v.User.ThroughputOps, c.MinOps))
+}
+
+// modelDriven: the closest live node is the target when it beats the
+// serving node by the margin; the performance model (fitted on this
+// machine when parameters are given) picks the strategy that meets the
+// service's downtime target, and no migration happens when none does.
+func modelDriven(v View, c Config, d Decision) Decision {
+	to, rtt := best(v, v.Service.Node)
+	cur, ok := v.User.RTTMs[v.Service.Node]
+	if to == "" || (ok && v.Nodes[v.Service.Node].Alive && rtt > cur-c.HysteresisMs) {
+		d.Reason = fmt.Sprintf("no live node closer than %s by %.2f ms", v.Service.Node, c.HysteresisMs)
+		return d
+	}
+	d.Inputs["rtt_target_ms"] = rtt
+	bw := v.Nodes[to].LinkBps
+	if s := v.Nodes[v.Service.Node].LinkBps; s > 0 && (bw == 0 || s < bw) {
+		bw = s
+	}
+	if bw == 0 {
+		bw = 1e9
+	}
+	params := model.DefaultParams()
+	var by map[model.Strategy]model.Params
+	if v.Params != nil {
+		by = map[model.Strategy]model.Params{}
+		for _, s := range implemented {
+			by[s] = v.Params(s)
+		}
+	}
+	res, err := model.Plan(params, model.Request{
+		Inputs:        model.Inputs{StateBytes: float64(max(v.Service.MemoryBytes, 1<<20)), DirtyRate: v.Service.DirtyRate, BandwidthBps: bw, RTTMs: v.Nodes[v.Service.Node].NeighbourRTTMs[to]},
+		MaxDowntimeMs: c.DowntimeTargetMs, Strategies: implemented, ByStrategy: by,
+	})
+	d.Inputs["downtime_target_ms"] = c.DowntimeTargetMs
+	d.Inputs["bandwidth_bps"] = bw
+	if err != nil || !res.Feasible {
+		d.Reason = fmt.Sprintf("%s is closer (%.2f ms) but no strategy meets the downtime target %.0f ms (%v %v)", to, rtt, c.DowntimeTargetMs, err, res.Unmet)
+		return d
+	}
+	d.Inputs["predicted_downtime_ms"] = res.Choice.Prediction.DowntimeMs
+	d.Inputs["predicted_total_ms"] = res.Choice.Prediction.TotalMs
+	d.Migrate, d.To, d.Strategy = true, to, string(res.Choice.Strategy)
+	d.Reason = fmt.Sprintf("%s is closer (%.2f ms); the model picks %s: %.0f ms downtime predicted, target %.0f ms",
+		to, rtt, res.Choice.Strategy, res.Choice.Prediction.DowntimeMs, c.DowntimeTargetMs)
+	return d
+}
+
+var implemented = []model.Strategy{"stop-and-copy", "post-copy", "pre-copy", "hybrid"}
+
+// estimateMigrationMs predicts a migration's total time with the model.
+func estimateMigrationMs(v View, strategy string, rttMs float64) float64 {
+	bw := v.Nodes[v.Service.Node].LinkBps
+	if bw == 0 {
+		bw = 1e9
+	}
+	p := model.DefaultParams()
+	if v.Params != nil {
+		p = v.Params(model.Strategy(strategy))
+	}
+	pr, err := p.Predict(model.Strategy(strategy), model.Inputs{StateBytes: float64(max(v.Service.MemoryBytes, 1<<20)),
+		DirtyRate: v.Service.DirtyRate, BandwidthBps: bw, RTTMs: rttMs, Iterations: 1})
+	if err != nil {
+		return math.Inf(1)
+	}
+	return pr.TotalMs
+}

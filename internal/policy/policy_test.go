@@ -1,0 +1,188 @@
+package policy
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/topo"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+// world is the demo's line: 3 regions of 300 m, a node in each.
+func world() *topo.Topology {
+	tp := topo.Line(3, 2, 300)
+	return &tp
+}
+
+func nodes(alive ...bool) map[string]Node {
+	tp := world()
+	out := map[string]Node{}
+	for i, n := range tp.Nodes {
+		out[n.Name] = Node{Name: n.Name, Region: n.Region, Pos: n.Pos, Alive: i >= len(alive) || alive[i], LinkBps: 1e9,
+			NeighbourRTTMs: map[string]float64{"node0": 4, "node1": 4, "node2": 8}}
+	}
+	return out
+}
+
+// view puts the user at x with RTTs that grow 1 ms per 100 m from each
+// node (H-Container's emulation), the service on node0.
+func view(kind string, x float64) View {
+	tp := world()
+	u := User{Name: "alice", Pos: topo.Point{X: x}, RTTMs: map[string]float64{}}
+	u.AP = tp.NearestAP(u.Pos)
+	a, _ := tp.AP(u.AP)
+	u.Region = a.Region
+	for _, n := range tp.Nodes {
+		u.RTTMs[n.Name] = 1 + topo.Dist(n.Pos, u.Pos)/100
+	}
+	return View{Now: t0, Topo: tp, User: u, Nodes: nodes(),
+		Service: Service{Name: "redis", Node: "node0", MemoryBytes: 20 << 20, Config: Config{Kind: kind}}}
+}
+
+func TestLatencyPolicy(t *testing.T) {
+	v := view(KindLatency, 100)
+	if d := Decide(v); d.Migrate {
+		t.Fatalf("near node0: %+v", d)
+	}
+	v = view(KindLatency, 600)
+	v.Service.Config.ThresholdMs = 4
+	d := Decide(v)
+	if !d.Migrate || d.To != "node1" || d.Strategy == "" || d.Inputs["latency_ms"] == 0 {
+		t.Fatalf("far from node0, near node1: %+v", d)
+	}
+	if !strings.Contains(d.Reason, "above the threshold") {
+		t.Errorf("reason %q", d.Reason)
+	}
+}
+
+func TestRegionPolicy(t *testing.T) {
+	v := view(KindRegion, 250) // region0
+	if d := Decide(v); d.Migrate {
+		t.Fatalf("same region: %+v", d)
+	}
+	v = view(KindRegion, 400) // region1, 1 hop
+	d := Decide(v)
+	if !d.Migrate || d.To != "node1" || d.Inputs["hops"] != 1 {
+		t.Fatalf("one hop with a limit of 1: %+v", d)
+	}
+	v.Service.Config.MaxHops = 2 // a tolerant application
+	if d := Decide(v); d.Migrate {
+		t.Fatalf("one hop with a limit of 2: %+v", d)
+	}
+}
+
+// Teka et al. Algorithm 2, both branches and the refusal.
+func TestTekaPolicy(t *testing.T) {
+	v := view(KindTeka, 450)
+	d := Decide(v)
+	if !d.Migrate || d.To != "node1" || !strings.Contains(d.Reason, "≤ 150 ms") {
+		t.Fatalf("a near neighbour: %+v", d)
+	}
+	// Not in the possible neighbour database (RTT over 150 ms).
+	v.Nodes["node0"] = Node{Name: "node0", Region: "region0", Alive: true, NeighbourRTTMs: map[string]float64{"node1": 180}}
+	if d := Decide(v); d.Migrate || !strings.Contains(d.Reason, "neighbour database") {
+		t.Fatalf("beyond 150 ms: %+v", d)
+	}
+	// 150 ms < RTT + ΔRTT ≤ 1 s: only when migrating beats starting afresh.
+	v = view(KindTeka, 450)
+	v.User.RTTMs["node0"] = 400
+	v.Service.Config.ServiceInitMs = 1e9
+	if d := Decide(v); !d.Migrate || !strings.Contains(d.Reason, "< initiation") {
+		t.Fatalf("slow but worth it: %+v", d)
+	}
+	v.Service.Config.ServiceInitMs = 1 // starting afresh is instant
+	if d := Decide(v); d.Migrate || !strings.Contains(d.Reason, "ignore") {
+		t.Fatalf("not worth it: %+v", d)
+	}
+}
+
+func TestThroughputPolicy(t *testing.T) {
+	v := view(KindThroughput, 600)
+	v.Service.Config.MinOps = 1000
+	v.User.ThroughputOps = 5000
+	if d := Decide(v); d.Migrate {
+		t.Fatalf("above the threshold: %+v", d)
+	}
+	v.User.ThroughputOps = 400
+	if d := Decide(v); !d.Migrate || d.To != "node1" {
+		t.Fatalf("under the threshold: %+v", d)
+	}
+	if err := (Config{Kind: KindThroughput}).Validate(); err == nil {
+		t.Error("throughput policy without min_ops accepted")
+	}
+}
+
+func TestModelPolicy(t *testing.T) {
+	v := view(KindModel, 600)
+	// PAM's Table III parameters (Podman) predict 0.86-1.26 s here: only
+	// the lazy strategies meet one second.
+	v.Service.Config.DowntimeTargetMs = 1000
+	d := Decide(v)
+	if !d.Migrate || d.To != "node1" || d.Strategy == "" || d.Inputs["predicted_downtime_ms"] <= 0 {
+		t.Fatalf("model: %+v", d)
+	}
+	if d.Inputs["predicted_downtime_ms"] > 1000 || (d.Strategy != "post-copy" && d.Strategy != "hybrid") {
+		t.Errorf("chose a strategy over the target: %+v", d)
+	}
+	v.Service.Config.DowntimeTargetMs = 0.001 // impossible
+	if d := Decide(v); d.Migrate || !strings.Contains(d.Reason, "no strategy meets") {
+		t.Fatalf("impossible target: %+v", d)
+	}
+}
+
+// Damping: a dead node is never a target; nothing moves within the dwell
+// time; a target must beat the serving node by the hysteresis margin.
+func TestDamping(t *testing.T) {
+	for _, kind := range Kinds() {
+		v := view(kind, 600)
+		v.Service.Config.MinOps = 1000
+		v.User.ThroughputOps = 10
+		v.Nodes["node1"] = Node{Name: "node1", Region: "region1", Pos: topo.Point{X: 450, Y: 50}, Alive: false}
+		if d := Decide(v); d.Migrate && d.To == "node1" {
+			t.Errorf("%s: migrated to a node that stopped heartbeating: %+v", kind, d)
+		}
+		v = view(kind, 600)
+		v.Service.Config.MinOps = 1000
+		v.User.ThroughputOps = 10
+		v.Service.LastMigration = t0.Add(-3 * time.Second)
+		if d := Decide(v); d.Migrate || !strings.Contains(d.Reason, "dwell") {
+			t.Errorf("%s: within the dwell time: %+v", kind, d)
+		}
+	}
+	// A user on the border between node0 and node1 (x=300) with a
+	// threshold below both: the candidate is not better by the margin.
+	v := view(KindLatency, 300)
+	v.Service.Config.ThresholdMs = 0.5
+	if d := Decide(v); d.Migrate {
+		t.Errorf("border: %+v", d)
+	}
+}
+
+// A user walking back and forth across the border between two regions
+// does not make its service oscillate: each policy migrates at most once
+// per dwell time, and not at all while the gain is under the margin.
+func TestBorderNoOscillation(t *testing.T) {
+	for _, kind := range Kinds() {
+		at := "node0"
+		var last time.Time
+		moves := 0
+		for i := 0; i < 600; i++ { // 10 minutes, a step a second
+			now := t0.Add(time.Duration(i) * time.Second)
+			x := 300 + 12*float64((i%8)-4) // ±48 m around the border
+			v := view(kind, x)
+			v.Now = now
+			v.Service.Node, v.Service.LastMigration = at, last
+			v.Service.Config.MinOps = 1000
+			v.User.ThroughputOps = 900
+			if d := Decide(v); d.Migrate {
+				at, last = d.To, now
+				moves++
+			}
+		}
+		if moves > 1 {
+			t.Errorf("%s: %d migrations wandering on a border, want at most 1", kind, moves)
+		}
+	}
+}
