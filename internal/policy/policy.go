@@ -165,7 +165,7 @@ type Service struct {
 // View is everything a decision reads.
 type View struct {
 	Now     time.Time
-	Topo    *topo.Topology
+	Topo    *topo.Index
 	Service Service
 	User    User // the user the service follows
 	Nodes   map[string]Node
@@ -303,8 +303,16 @@ func region(v View, c Config, d Decision) Decision {
 	// The target: a live node of the user's region, the one the user
 	// measures closest (else the nearest by position).
 	var cands []string
-	for _, n := range v.Topo.NodesByDistance(v.User.Pos) {
-		if n.Region == v.User.Region && v.Nodes[n.Name].Alive && n.Name != srv.Name {
+	bd := math.Inf(1)
+	for _, n := range v.Topo.RegionNodes(v.User.Region) {
+		if !v.Nodes[n.Name].Alive || n.Name == srv.Name {
+			continue
+		}
+		// The nearest by position first.
+		if d := topo.Dist(n.Pos, v.User.Pos); d < bd {
+			bd = d
+			cands = append([]string{n.Name}, cands...)
+		} else {
 			cands = append(cands, n.Name)
 		}
 	}

@@ -11,15 +11,12 @@ import (
 var t0 = time.Unix(1_700_000_000, 0)
 
 // world is the demo's line: 3 regions of 300 m, a node in each.
-func world() *topo.Topology {
-	tp := topo.Line(3, 2, 300)
-	return &tp
-}
+func world() *topo.Index { return topo.NewIndex(topo.Line(3, 2, 300)) }
 
 func nodes(alive ...bool) map[string]Node {
 	tp := world()
 	out := map[string]Node{}
-	for i, n := range tp.Nodes {
+	for i, n := range tp.T.Nodes {
 		out[n.Name] = Node{Name: n.Name, Region: n.Region, Pos: n.Pos, Alive: i >= len(alive) || alive[i], LinkBps: 1e9,
 			NeighbourRTTMs: map[string]float64{"node0": 4, "node1": 4, "node2": 8}}
 	}
@@ -31,10 +28,10 @@ func nodes(alive ...bool) map[string]Node {
 func view(kind string, x float64) View {
 	tp := world()
 	u := User{Name: "alice", Pos: topo.Point{X: x}, RTTMs: map[string]float64{}}
-	u.AP = tp.NearestAP(u.Pos)
+	u.AP = tp.T.NearestAP(u.Pos)
 	a, _ := tp.AP(u.AP)
 	u.Region = a.Region
-	for _, n := range tp.Nodes {
+	for _, n := range tp.T.Nodes {
 		u.RTTMs[n.Name] = 1 + topo.Dist(n.Pos, u.Pos)/100
 	}
 	return View{Now: t0, Topo: tp, User: u, Nodes: nodes(),

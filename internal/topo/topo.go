@@ -197,3 +197,49 @@ func Line(regions, apsPerRegion int, width float64) Topology {
 	}
 	return t
 }
+
+// Index answers a topology's questions in constant time: by name, by
+// region, hops between regions. Build it once with NewIndex; it is
+// read-only afterwards and safe for concurrent use.
+type Index struct {
+	T       Topology
+	aps     map[string]AP
+	nodes   map[string]Node
+	byRegin map[string][]Node
+	hops    map[[2]string]int
+}
+
+// NewIndex indexes t.
+func NewIndex(t Topology) *Index {
+	x := &Index{T: t, aps: map[string]AP{}, nodes: map[string]Node{}, byRegin: map[string][]Node{}, hops: map[[2]string]int{}}
+	for _, a := range t.APs {
+		x.aps[a.Name] = a
+	}
+	for _, n := range t.Nodes {
+		x.nodes[n.Name] = n
+		x.byRegin[n.Region] = append(x.byRegin[n.Region], n)
+	}
+	for _, a := range t.Regions {
+		for _, b := range t.Regions {
+			x.hops[[2]string{a.Name, b.Name}] = t.RegionHops(a.Name, b.Name)
+		}
+	}
+	return x
+}
+
+// AP returns the access point called name.
+func (x *Index) AP(name string) (AP, bool) { a, ok := x.aps[name]; return a, ok }
+
+// Node returns the node called name.
+func (x *Index) Node(name string) (Node, bool) { n, ok := x.nodes[name]; return n, ok }
+
+// RegionNodes lists the nodes of a region, in topology order.
+func (x *Index) RegionNodes(region string) []Node { return x.byRegin[region] }
+
+// RegionHops is Topology.RegionHops, precomputed (-1 for unknown regions).
+func (x *Index) RegionHops(a, b string) int {
+	if h, ok := x.hops[[2]string{a, b}]; ok {
+		return h
+	}
+	return -1
+}

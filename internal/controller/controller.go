@@ -1,0 +1,507 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/policy"
+	"github.com/edgehop/edgehop/internal/radio"
+	"github.com/edgehop/edgehop/internal/store"
+	"github.com/edgehop/edgehop/internal/topo"
+)
+
+// Access is the tier-1 seam: it moves a user's virtual access point from
+// one physical AP to another and says how long the link was down.
+type Access interface {
+	Handoff(ctx context.Context, user, from, to string) (time.Duration, error)
+}
+
+// Agents reaches a node's operator API (migration jobs).
+type Agents interface {
+	Agent(node string) (*api.Client, error)
+}
+
+// Config configures a Controller.
+type Config struct {
+	Topology         topo.Topology
+	Radio            radio.Model
+	Store            store.Store
+	Agents           Agents
+	Access           Access // nil: handoffs are decided and recorded, not applied
+	HeartbeatTimeout time.Duration
+	Tick             time.Duration // how often every service is decided again
+	Log              *slog.Logger
+}
+
+// Controller makes services follow their users: it holds the engine's
+// state in its store, applies tier-1 handoffs through Access and starts
+// the agents' migration jobs for tier-2 decisions. Safe for concurrent
+// use.
+type Controller struct {
+	cfg    Config
+	eng    *Engine
+	log    *slog.Logger
+	store  store.Store
+	events *broadcaster
+
+	mu          sync.Mutex // guards lastReason
+	lastReason  map[string]string
+	wg          sync.WaitGroup
+	runCtx      context.Context
+	handoffBusy sync.Map // user -> struct{}: a handoff under way
+}
+
+// History kinds in the store.
+const (
+	KindEvents     = "events"
+	KindDecisions  = "decisions"
+	KindHandoffs   = "handoffs"
+	KindMigrations = "migrations"
+)
+
+// Record kinds in the store.
+const (
+	recTopology = "topology"
+	recUser     = "user"
+	recService  = "service"
+	recNode     = "node"
+)
+
+// New builds a controller; state saved by an earlier run in cfg.Store is
+// read back.
+func New(ctx context.Context, cfg Config) (*Controller, error) {
+	if cfg.Store == nil {
+		return nil, errors.New("controller: no store")
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = time.Second
+	}
+	// A saved topology wins over the configured one only when none is
+	// configured.
+	if len(cfg.Topology.Nodes) == 0 {
+		var t topo.Topology
+		if err := cfg.Store.Get(ctx, recTopology, "current", &t); err == nil {
+			cfg.Topology = t
+		}
+	}
+	eng, err := NewEngine(cfg.Topology, cfg.Radio, cfg.HeartbeatTimeout)
+	if err != nil {
+		return nil, err
+	}
+	c := &Controller{cfg: cfg, eng: eng, log: log, store: cfg.Store, events: newBroadcaster(), lastReason: map[string]string{}, runCtx: ctx}
+	if err := cfg.Store.Put(ctx, recTopology, "current", cfg.Topology); err != nil {
+		return nil, err
+	}
+	var users []UserState
+	var services []ServiceState
+	if err := cfg.Store.List(ctx, recUser, func(_ string, raw json.RawMessage) error {
+		var u UserState
+		if err := json.Unmarshal(raw, &u); err != nil {
+			return err
+		}
+		users = append(users, u)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read users: %w", err)
+	}
+	if err := cfg.Store.List(ctx, recService, func(_ string, raw json.RawMessage) error {
+		var s ServiceState
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return err
+		}
+		services = append(services, s)
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("read services: %w", err)
+	}
+	eng.Restore(users, services)
+	if len(users)+len(services) > 0 {
+		c.event("restored", fmt.Sprintf("state read back from the store: %d users, %d services", len(users), len(services)), nil)
+	}
+	return c, nil
+}
+
+// Engine exposes the decision engine (read-mostly: the API's views).
+func (c *Controller) Engine() *Engine { return c.eng }
+
+// Run drives the periodic work until ctx ends: dead-node detection,
+// deciding every service again, persisting the state.
+func (c *Controller) Run(ctx context.Context) error {
+	c.runCtx = ctx
+	t := time.NewTicker(c.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			c.wg.Wait()
+			return nil
+		case now := <-t.C:
+			for _, n := range c.eng.Tick(now) {
+				c.event("node-dead", fmt.Sprintf("%s stopped heartbeating: never a migration target until it is back", n), map[string]any{"node": n})
+			}
+			c.act(c.eng.Decide("", now), now)
+			c.persist(ctx)
+		}
+	}
+}
+
+// persist writes the users and services.
+func (c *Controller) persist(ctx context.Context) {
+	nodes, users, services := c.eng.Snapshot()
+	for _, u := range users {
+		if err := c.store.Put(ctx, recUser, u.Name, u); err != nil {
+			c.log.Warn("persist user", "err", err)
+			return
+		}
+	}
+	for _, s := range services {
+		if err := c.store.Put(ctx, recService, s.Name, s); err != nil {
+			c.log.Warn("persist service", "err", err)
+			return
+		}
+	}
+	for _, n := range nodes {
+		_ = c.store.Put(ctx, recNode, n.Name, n)
+	}
+}
+
+// Event is one history entry of kind "events".
+type Event struct {
+	Time    time.Time      `json:"time"`
+	Type    string         `json:"type"`
+	Message string         `json:"message"`
+	Data    map[string]any `json:"data,omitempty"`
+}
+
+func (c *Controller) event(typ, msg string, data map[string]any) {
+	e := Event{Time: time.Now().UTC(), Type: typ, Message: msg, Data: data}
+	if _, err := c.store.Append(context.WithoutCancel(c.runCtx), KindEvents, e.Time, e); err != nil {
+		c.log.Warn("record event", "err", err)
+	}
+	c.events.publish(KindEvents, e)
+	c.log.Info(msg, "event", typ)
+}
+
+// AddUser registers a user with its device address and position, and
+// attaches it (tier 1) to the strongest access point.
+func (c *Controller) AddUser(ctx context.Context, name, address string, pos topo.Point) (UserState, error) {
+	if !nameOK(name) {
+		return UserState{}, fmt.Errorf("%w: user name %q: letters, digits, '_', '.', '-' (max 63)", ErrInvalid, name)
+	}
+	c.eng.AddUser(UserState{Name: name, Address: address, Pos: pos, Updated: time.Now().UTC()})
+	if _, err := c.Move(ctx, name, pos); err != nil {
+		return UserState{}, err
+	}
+	c.event("user-added", fmt.Sprintf("user %s added at (%.0f, %.0f)", name, pos.X, pos.Y), map[string]any{"user": name})
+	u, _ := c.eng.User(name)
+	return u, c.store.Put(ctx, recUser, name, u)
+}
+
+// AddService registers a service following user, currently on node.
+func (c *Controller) AddService(ctx context.Context, s ServiceState) (ServiceState, error) {
+	if !nameOK(s.Name) {
+		return ServiceState{}, fmt.Errorf("%w: service name %q", ErrInvalid, s.Name)
+	}
+	if s.Policy.Kind == "" {
+		s.Policy.Kind = policy.KindLatency
+	}
+	s.Policy = s.Policy.WithDefaults()
+	if err := c.eng.AddService(s); err != nil {
+		return ServiceState{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	c.event("service-added", fmt.Sprintf("service %s on %s follows %s under the %s policy", s.Name, s.Node, s.User, s.Policy.Kind), map[string]any{"service": s.Name})
+	got, _ := c.eng.Service(s.Name)
+	return got, c.store.Put(ctx, recService, s.Name, got)
+}
+
+// Handoff is one tier-1 handoff, as recorded.
+type Handoff struct {
+	Time           time.Time `json:"time"`
+	User           string    `json:"user"`
+	FromAP         string    `json:"from_ap"`
+	ToAP           string    `json:"to_ap"`
+	RSSI           float64   `json:"rssi_dbm"`
+	ToRSSI         float64   `json:"to_rssi_dbm"`
+	InterruptionMs float64   `json:"interruption_ms"`
+	Reason         string    `json:"reason"`
+	Error          string    `json:"error,omitempty"`
+}
+
+// MoveResult is what a position update caused.
+type MoveResult struct {
+	User      UserState         `json:"user"`
+	Handoff   *Handoff          `json:"handoff,omitempty"`
+	Decisions []policy.Decision `json:"decisions"`
+}
+
+// Move records a user's position: tier 1 (a handoff if the signal model
+// says so, applied through Access), then tier 2 (the user's services'
+// policies).
+func (c *Controller) Move(ctx context.Context, user string, p topo.Point) (MoveResult, error) {
+	now := time.Now()
+	d, err := c.eng.Move(user, p, now)
+	if err != nil {
+		return MoveResult{}, fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	var res MoveResult
+	if d.Handoff {
+		if _, busy := c.handoffBusy.LoadOrStore(user, struct{}{}); !busy {
+			h := c.handoff(ctx, user, d)
+			c.handoffBusy.Delete(user)
+			res.Handoff = &h
+		}
+	}
+	res.Decisions = c.eng.Decide(user, now)
+	c.act(res.Decisions, now)
+	res.User, _ = c.eng.User(user)
+	return res, nil
+}
+
+func (c *Controller) handoff(ctx context.Context, user string, d radio.Decision) Handoff {
+	h := Handoff{Time: time.Now().UTC(), User: user, FromAP: d.From, ToAP: d.To, RSSI: d.RSSI, ToRSSI: d.ToRSSI, Reason: d.Reason}
+	if math.IsInf(h.RSSI, 0) {
+		h.RSSI = 0 // first attachment: no serving AP
+	}
+	if c.cfg.Access != nil {
+		dur, err := c.cfg.Access.Handoff(ctx, user, d.From, d.To)
+		h.InterruptionMs = float64(dur.Microseconds()) / 1000
+		if err != nil {
+			h.Error = err.Error()
+			c.log.Warn("handoff failed", "user", user, "to", d.To, "err", err)
+			c.record(KindHandoffs, h)
+			return h
+		}
+	}
+	if err := c.eng.Attach(user, d.To); err != nil {
+		h.Error = err.Error()
+	}
+	c.record(KindHandoffs, h)
+	return h
+}
+
+// record appends v to the history of kind and publishes it.
+func (c *Controller) record(kind string, v any) {
+	if _, err := c.store.Append(context.WithoutCancel(c.runCtx), kind, time.Now(), v); err != nil {
+		c.log.Warn("record history", "kind", kind, "err", err)
+	}
+	c.events.publish(kind, v)
+}
+
+// Report records a user's device report and decides its services again.
+func (c *Controller) Report(ctx context.Context, user string, throughputOps, latencyMs float64) ([]policy.Decision, error) {
+	now := time.Now()
+	if err := c.eng.Report(user, throughputOps, latencyMs, now); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	ds := c.eng.Decide(user, now)
+	c.act(ds, now)
+	return ds, nil
+}
+
+// DecisionRecord is a decision as the history keeps it.
+type DecisionRecord struct {
+	Time time.Time `json:"time"`
+	policy.Decision
+}
+
+// act records decisions (each migration, and each change of a service's
+// reason) and starts the migrations.
+func (c *Controller) act(ds []policy.Decision, now time.Time) {
+	for _, d := range ds {
+		c.mu.Lock()
+		key := d.Service
+		changed := c.lastReason[key] != reasonKind(d)
+		c.lastReason[key] = reasonKind(d)
+		c.mu.Unlock()
+		if d.Migrate || changed {
+			c.record(KindDecisions, DecisionRecord{Time: now.UTC(), Decision: d})
+		}
+		if d.Migrate {
+			c.wg.Add(1)
+			go func() {
+				defer c.wg.Done()
+				c.migrate(d)
+			}()
+		}
+	}
+}
+
+// reasonKind is a decision's reason without its numbers, so a service
+// whose reason is the same but for a measurement is not logged again.
+func reasonKind(d policy.Decision) string {
+	b := make([]byte, 0, len(d.Reason))
+	for i := 0; i < len(d.Reason); i++ {
+		ch := d.Reason[i]
+		if (ch >= '0' && ch <= '9') || ch == '.' {
+			continue
+		}
+		b = append(b, ch)
+	}
+	return fmt.Sprintf("%t %s", d.Migrate, b)
+}
+
+// MigrationRecord is a migration the controller started, as recorded.
+type MigrationRecord struct {
+	ID         string             `json:"id"`
+	Time       time.Time          `json:"time"`
+	Service    string             `json:"service"`
+	User       string             `json:"user"`
+	From       string             `json:"from"`
+	To         string             `json:"to"`
+	Strategy   string             `json:"strategy"`
+	Policy     string             `json:"policy"`
+	Reason     string             `json:"reason"`
+	OK         bool               `json:"ok"`
+	Outcome    string             `json:"outcome"`
+	DowntimeMs float64            `json:"downtime_ms"`
+	TotalMs    float64            `json:"total_ms"`
+	PhasesMs   map[string]float64 `json:"phases_ms,omitempty"`
+	Bytes      int64              `json:"bytes_on_wire"`
+	Error      string             `json:"error,omitempty"`
+}
+
+// migrate carries a migration decision out as a job of the source's
+// agent and records the result.
+func (c *Controller) migrate(d policy.Decision) {
+	ctx := context.WithoutCancel(c.runCtx)
+	rec := MigrationRecord{Time: time.Now().UTC(), Service: d.Service, User: d.User, From: d.From, To: d.To, Strategy: d.Strategy, Policy: d.Policy, Reason: d.Reason}
+	fail := func(err error) {
+		rec.Error, rec.Outcome = err.Error(), "not-started"
+		c.eng.Migrated(d.Service, "", false, time.Now())
+		c.record(KindMigrations, rec)
+	}
+	if c.cfg.Agents == nil {
+		fail(errors.New("no agents configured"))
+		return
+	}
+	cl, err := c.cfg.Agents.Agent(d.From)
+	if err != nil {
+		fail(err)
+		return
+	}
+	s, _ := c.eng.Service(d.Service)
+	j, err := cl.StartMigration(ctx, d.Service, api.MigrateRequest{To: d.To, Strategy: d.Strategy})
+	if err != nil {
+		fail(err)
+		return
+	}
+	rec.ID = j.ID
+	c.eng.Started(d.Service, j.ID)
+	c.events.publish("migration-started", rec)
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
+	defer cancel()
+	done, err := cl.FollowJob(fctx, j.ID, func(p api.Progress) {
+		c.events.publish("migration-progress", map[string]any{"id": j.ID, "service": d.Service, "progress": p})
+	})
+	var res migration.Result
+	if err == nil && len(done.Result) > 0 {
+		err = json.Unmarshal(done.Result, &res)
+	}
+	if err != nil {
+		rec.Error, rec.Outcome = err.Error(), "unknown"
+		// The agents' heartbeats tell where it runs.
+		c.eng.Migrated(d.Service, "", false, time.Now())
+		c.record(KindMigrations, rec)
+		return
+	}
+	rec.OK, rec.Outcome, rec.Error = res.OK, string(res.Outcome), res.Error
+	rec.DowntimeMs, rec.TotalMs, rec.PhasesMs, rec.Bytes = res.DowntimeMs, res.TotalMs, res.PhasesMs, res.BytesOnWire
+	at := s.Node
+	if res.OK {
+		at = d.To
+	}
+	c.eng.Migrated(d.Service, at, res.OK, time.Now())
+	c.record(KindMigrations, rec)
+}
+
+// Heartbeat is what an agent reports every second.
+type Heartbeat struct {
+	Node       string   `json:"node"`
+	Address    string   `json:"address,omitempty"`
+	LinkBps    float64  `json:"link_bps,omitempty"`
+	Containers []string `json:"containers"`
+	// NeighbourRTTMs and UserRTTMs are the agent's latest measurements
+	// (nil: none since the last heartbeat).
+	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`
+	UserRTTMs      map[string]float64 `json:"user_rtt_ms,omitempty"`
+}
+
+// Target is something an agent is asked to measure its RTT to.
+type Target struct {
+	Name    string `json:"name"`
+	Address string `json:"address"`
+}
+
+// HeartbeatReply tells an agent what to measure.
+type HeartbeatReply struct {
+	Users []Target `json:"users"`
+	Nodes []Target `json:"nodes"`
+}
+
+// Heartbeat records an agent's report and answers with what it should
+// measure next.
+func (c *Controller) Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, error) {
+	nodes, _, _ := c.eng.Snapshot()
+	wasAlive := false
+	for _, n := range nodes {
+		if n.Name == hb.Node {
+			wasAlive = n.Alive
+		}
+	}
+	if err := c.eng.Heartbeat(hb.Node, hb.Address, hb.LinkBps, hb.Containers, time.Now()); err != nil {
+		return HeartbeatReply{}, fmt.Errorf("%w: %v", ErrNotFound, err)
+	}
+	if !wasAlive {
+		c.event("node-alive", fmt.Sprintf("%s heartbeats", hb.Node), map[string]any{"node": hb.Node})
+	}
+	if hb.NeighbourRTTMs != nil || hb.UserRTTMs != nil {
+		if err := c.eng.Measurements(hb.Node, hb.NeighbourRTTMs, hb.UserRTTMs); err != nil {
+			return HeartbeatReply{}, err
+		}
+	}
+	var rep HeartbeatReply
+	nodes, users, _ := c.eng.Snapshot()
+	for _, u := range users {
+		if u.Address != "" {
+			rep.Users = append(rep.Users, Target{Name: u.Name, Address: u.Address})
+		}
+	}
+	for _, n := range nodes {
+		if n.Name != hb.Node && n.Address != "" {
+			rep.Nodes = append(rep.Nodes, Target{Name: n.Name, Address: n.Address})
+		}
+	}
+	return rep, nil
+}
+
+// Errors the API maps to status codes.
+var (
+	ErrInvalid  = errors.New("invalid")
+	ErrNotFound = errors.New("not found")
+)
+
+func nameOK(s string) bool {
+	if len(s) == 0 || len(s) > 63 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		ch := s[i]
+		ok := ch >= 'a' && ch <= 'z' || ch >= 'A' && ch <= 'Z' || ch >= '0' && ch <= '9' || (i > 0 && (ch == '_' || ch == '.' || ch == '-'))
+		if !ok {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,222 @@
+package controller
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/policy"
+	"github.com/edgehop/edgehop/internal/radio"
+	"github.com/edgehop/edgehop/internal/store"
+	"github.com/edgehop/edgehop/internal/topo"
+)
+
+// fakeAccess records handoffs (a unit-test seam; the testbed moves real
+// links).
+type fakeAccess struct {
+	mu   sync.Mutex
+	hops [][2]string
+}
+
+func (f *fakeAccess) Handoff(ctx context.Context, user, from, to string) (time.Duration, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.hops = append(f.hops, [2]string{from, to})
+	return 3 * time.Millisecond, nil
+}
+
+func newTestController(t *testing.T, path string) (*Controller, *fakeAccess) {
+	t.Helper()
+	st, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	acc := &fakeAccess{}
+	c, err := New(context.Background(), Config{Topology: topo.Line(3, 2, 300), Radio: radio.DefaultModel(), Store: st, Access: acc})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, acc
+}
+
+// feed reports node RTTs to the user growing 1 ms per 100 m (what the
+// agents would measure in the testbed).
+func feed(t *testing.T, c *Controller, user string, p topo.Point) {
+	t.Helper()
+	for _, n := range c.eng.Topology().Nodes {
+		rtt := map[string]float64{user: 1 + topo.Dist(n.Pos, p)/100}
+		if _, err := c.Heartbeat(context.Background(), Heartbeat{Node: n.Name, Address: "172.30.0.2", UserRTTMs: rtt,
+			NeighbourRTTMs: map[string]float64{"node0": 4, "node1": 4, "node2": 8}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A user walking across three regions is handed from AP to AP (tier 1),
+// and its service's latency policy decides to follow it to node1, then
+// node2 (tier 2), every decision logged with its inputs.
+func TestWalkAcrossRegions(t *testing.T) {
+	c, acc := newTestController(t, ":memory:")
+	ctx := context.Background()
+	if _, err := c.AddUser(ctx, "alice", "172.31.0.2", topo.Point{X: 20}); err != nil {
+		t.Fatal(err)
+	}
+	feed(t, c, "alice", topo.Point{X: 20})
+	if _, err := c.AddService(ctx, ServiceState{Name: "redis", User: "alice", Node: "node0",
+		Policy: policy.Config{Kind: policy.KindLatency, ThresholdMs: 3, MinDwell: time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	var targets []string
+	for x := 20.0; x <= 880; x += 20 {
+		feed(t, c, "alice", topo.Point{X: x})
+		res, err := c.Move(ctx, "alice", topo.Point{X: x})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range res.Decisions {
+			if d.Migrate {
+				targets = append(targets, d.To)
+				// No agents here: mark it done as an agent job would.
+				c.eng.Migrated(d.Service, d.To, true, time.Now())
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	c.wg.Wait()
+	if strings.Join(targets, ",") != "node1,node2" {
+		t.Errorf("migrations to %v, want node1 then node2", targets)
+	}
+	u, _ := c.eng.User("alice")
+	if u.AP != "ap5" || u.Region != "region2" {
+		t.Errorf("user ends on %s/%s, want ap5/region2", u.AP, u.Region)
+	}
+	if len(acc.hops) != 6 { // attach to ap0, then ap1..ap5
+		t.Errorf("handoffs %v, want 6", acc.hops)
+	}
+	ds, err := c.store.History(ctx, KindDecisions, 0, 0)
+	if err != nil || len(ds) == 0 {
+		t.Fatalf("decisions logged: %d, %v", len(ds), err)
+	}
+	var d DecisionRecord
+	if err := json.Unmarshal(ds[0].Data, &d); err != nil || d.Reason == "" || d.Inputs == nil {
+		t.Errorf("a decision without reason or inputs: %s", ds[0].Data)
+	}
+}
+
+// A restarted controller reads its users and services back from the
+// store.
+func TestRestartFromStore(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "c.db")
+	c, _ := newTestController(t, path)
+	ctx := context.Background()
+	if _, err := c.AddUser(ctx, "alice", "", topo.Point{X: 400}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddService(ctx, ServiceState{Name: "redis", User: "alice", Node: "node1", Policy: policy.Config{Kind: policy.KindRegion}}); err != nil {
+		t.Fatal(err)
+	}
+	c.persist(ctx)
+	c.store.Close()
+	c2, _ := newTestController(t, path)
+	u, ok := c2.eng.User("alice")
+	s, ok2 := c2.eng.Service("redis")
+	if !ok || !ok2 || u.AP != "ap2" || s.Node != "node1" || s.Policy.Kind != policy.KindRegion {
+		t.Fatalf("after restart: user %+v (%t), service %+v (%t)", u, ok, s, ok2)
+	}
+	if es, _ := c2.store.History(ctx, KindEvents, 0, 0); len(es) == 0 {
+		t.Error("history lost across the restart")
+	}
+}
+
+// A node that stops heartbeating is never chosen.
+func TestDeadNodeNotChosen(t *testing.T) {
+	c, _ := newTestController(t, ":memory:")
+	ctx := context.Background()
+	if _, err := c.AddUser(ctx, "alice", "", topo.Point{X: 550}); err != nil {
+		t.Fatal(err)
+	}
+	feed(t, c, "alice", topo.Point{X: 550})
+	if _, err := c.AddService(ctx, ServiceState{Name: "redis", User: "alice", Node: "node0",
+		Policy: policy.Config{Kind: policy.KindLatency, ThresholdMs: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	// node1 (the closest) falls silent: its heartbeat ages out.
+	if died := c.eng.Tick(time.Now().Add(10 * time.Second)); len(died) != 3 {
+		t.Fatalf("died %v", died)
+	}
+	for _, n := range []string{"node0", "node2"} {
+		if err := c.eng.Heartbeat(n, "", 0, nil, time.Now().Add(10*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ds := c.eng.Decide("alice", time.Now().Add(10*time.Second))
+	if len(ds) != 1 || (ds[0].Migrate && ds[0].To == "node1") {
+		t.Fatalf("decision %+v", ds)
+	}
+	if !ds[0].Migrate || ds[0].To != "node2" {
+		t.Errorf("want node2, the closest live node: %+v", ds[0])
+	}
+}
+
+func TestAPIAndOpenAPI(t *testing.T) {
+	c, _ := newTestController(t, ":memory:")
+	srv := httptest.NewServer(c.Handler())
+	defer srv.Close()
+	post := func(path, body string) *http.Response {
+		r, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := post("/v1/users", `{"name":"bob","pos":{"x":10,"y":0}}`); r.StatusCode != http.StatusCreated {
+		t.Fatalf("add user: %s", r.Status)
+	}
+	if r := post("/v1/users", `{"name":"../x","pos":{"x":10}}`); r.StatusCode != http.StatusBadRequest {
+		t.Errorf("bad user name: %s", r.Status)
+	}
+	if r := post("/v1/users", `{"name":"y","bogus":1}`); r.StatusCode != http.StatusBadRequest {
+		t.Errorf("unknown field: %s", r.Status)
+	}
+	if r := post("/v1/users/nobody/position", `{"pos":{"x":1}}`); r.StatusCode != http.StatusNotFound {
+		t.Errorf("unknown user: %s", r.Status)
+	}
+	if r := post("/v1/services", `{"name":"s","user":"bob","node":"node9","policy":{"kind":"latency"}}`); r.StatusCode != http.StatusBadRequest {
+		t.Errorf("unknown node: %s", r.Status)
+	}
+	r := post("/v1/users/bob/position", `{"pos":{"x":400,"y":0}}`)
+	var mr MoveResult
+	if err := json.NewDecoder(r.Body).Decode(&mr); err != nil || mr.Handoff == nil || mr.Handoff.ToAP != "ap2" {
+		t.Fatalf("move: %+v %v", mr, err)
+	}
+	resp, err := http.Get(srv.URL + "/openapi.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var doc map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
+		t.Fatal(err)
+	}
+	paths := doc["paths"].(map[string]any)
+	for _, rt := range c.routes() {
+		item, ok := paths[rt.path].(map[string]any)
+		if !ok || item[strings.ToLower(rt.method)] == nil {
+			t.Errorf("route %s %s missing from openapi.json", rt.method, rt.path)
+		}
+	}
+	resp, err = http.Get(srv.URL + "/v1/handoffs?limit=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var es []store.Entry
+	if err := json.NewDecoder(resp.Body).Decode(&es); err != nil || len(es) != 2 {
+		t.Errorf("handoffs: %d, %v", len(es), err)
+	}
+}

@@ -1,0 +1,17 @@
+// Package controller makes services follow their users. It holds the
+// topology (regions, access points, nodes, links), the users with their
+// positions and tier-1 attachment, the services with their tier-2
+// policies, and the agents' heartbeats and measurements; it keeps that
+// state and the full history (events, decisions with their inputs,
+// handoffs, migrations with their phases) in a store.Store.
+//
+// Engine is the deterministic part: positions in, radio.Decide for tier 1;
+// measurements in, policy.Decide for tier 2. Controller does the I/O: it
+// applies handoffs through the Access seam (the testbed moves a client's
+// virtual AP between AP namespaces), starts migration jobs on the source
+// node's agent and records what they report. Handler serves the operator
+// API (described at /openapi.json), the dashboard and a server-sent event
+// stream; AgentHandler serves the agents' heartbeats over mutual TLS.
+//
+// It must not reach into nodes: agents own their containers.
+package controller

@@ -1,0 +1,416 @@
+package controller
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/model"
+	"github.com/edgehop/edgehop/internal/policy"
+	"github.com/edgehop/edgehop/internal/radio"
+	"github.com/edgehop/edgehop/internal/topo"
+)
+
+// NodeState is what the controller knows of an edge node.
+type NodeState struct {
+	Name    string     `json:"name"`
+	Region  string     `json:"region"`
+	Pos     topo.Point `json:"pos"`
+	Address string     `json:"address,omitempty"` // underlay address (measurements)
+	LinkBps float64    `json:"link_bps,omitempty"`
+	// LastHeartbeat is when its agent last reported; Alive is derived.
+	LastHeartbeat time.Time `json:"last_heartbeat"`
+	Alive         bool      `json:"alive"`
+	// Containers the agent reported running.
+	Containers []string `json:"containers"`
+	// NeighbourRTTMs: Teka's possible neighbour database, as measured.
+	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`
+}
+
+// UserState is a user: position, tier-1 attachment and what the device
+// reports.
+type UserState struct {
+	Name    string     `json:"name"`
+	Address string     `json:"address,omitempty"` // the device's address (measured by agents)
+	Pos     topo.Point `json:"pos"`
+	// AP is the physical access point the user's virtual AP is on.
+	AP     string  `json:"ap"`
+	Region string  `json:"region"`
+	RSSI   float64 `json:"rssi_dbm"`
+	// RTTMs is measured by the agents: node -> RTT to the device.
+	RTTMs         map[string]float64 `json:"rtt_ms,omitempty"`
+	ThroughputOps float64            `json:"throughput_ops,omitempty"`
+	LatencyMs     float64            `json:"latency_ms,omitempty"`
+	Updated       time.Time          `json:"updated"`
+}
+
+// ServiceState is a service that follows a user.
+type ServiceState struct {
+	Name          string        `json:"name"`
+	User          string        `json:"user"`
+	Node          string        `json:"node"`
+	Policy        policy.Config `json:"policy"`
+	MemoryBytes   int64         `json:"memory_bytes,omitempty"`
+	DirtyRate     float64       `json:"dirty_rate,omitempty"`
+	LastMigration time.Time     `json:"last_migration"`
+	// Migrating is the id of the migration under way ("" when none).
+	Migrating string `json:"migrating,omitempty"`
+}
+
+// Engine holds the controller's state and makes its decisions: tier-1
+// handoffs from positions, tier-2 decisions from measurements, by the
+// services' policies. It does no I/O; Controller persists and acts. Safe
+// for concurrent use.
+type Engine struct {
+	topo             *topo.Index
+	radio            radio.Model
+	heartbeatTimeout time.Duration
+	params           func(model.Strategy) model.Params
+
+	mu       sync.Mutex // guards everything below
+	nodes    map[string]*NodeState
+	users    map[string]*UserState
+	services map[string]*ServiceState
+	byUser   map[string][]string // user -> services following it
+}
+
+// NewEngine returns an engine for the topology; nodes of the topology
+// start dead until their agents heartbeat.
+func NewEngine(t topo.Topology, m radio.Model, heartbeatTimeout time.Duration) (*Engine, error) {
+	if err := t.Validate(); err != nil {
+		return nil, fmt.Errorf("topology: %w", err)
+	}
+	if err := m.Validate(); err != nil {
+		return nil, fmt.Errorf("radio model: %w", err)
+	}
+	if heartbeatTimeout <= 0 {
+		heartbeatTimeout = 3 * time.Second
+	}
+	e := &Engine{topo: topo.NewIndex(t), radio: m, heartbeatTimeout: heartbeatTimeout,
+		nodes: map[string]*NodeState{}, users: map[string]*UserState{}, services: map[string]*ServiceState{}, byUser: map[string][]string{}}
+	for _, n := range t.Nodes {
+		e.nodes[n.Name] = &NodeState{Name: n.Name, Region: n.Region, Pos: n.Pos}
+	}
+	return e, nil
+}
+
+// SetParams sets the performance model's parameters the model policy and
+// Teka's estimate use (fitted on this machine); nil restores PAM's.
+func (e *Engine) SetParams(p func(model.Strategy) model.Params) {
+	e.mu.Lock()
+	e.params = p
+	e.mu.Unlock()
+}
+
+// Topology returns the topology.
+func (e *Engine) Topology() topo.Topology { return e.topo.T }
+
+// ErrUnknown is wrapped by errors about names the engine does not know.
+var ErrUnknown = fmt.Errorf("unknown")
+
+// Heartbeat records a node's report at now.
+func (e *Engine) Heartbeat(node, address string, linkBps float64, containers []string, now time.Time) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n, ok := e.nodes[node]
+	if !ok {
+		return fmt.Errorf("%w node %q: not in the topology", ErrUnknown, node)
+	}
+	n.LastHeartbeat, n.Alive = now, true
+	if address != "" {
+		n.Address = address
+	}
+	if linkBps > 0 {
+		n.LinkBps = linkBps
+	}
+	n.Containers = append(n.Containers[:0], containers...)
+	// The agents are the truth about where a service runs.
+	for _, c := range containers {
+		if s, ok := e.services[c]; ok && s.Migrating == "" {
+			s.Node = node
+		}
+	}
+	return nil
+}
+
+// Measurements records a node's measured RTTs: to its neighbours and to
+// users' devices.
+func (e *Engine) Measurements(node string, neighbours, users map[string]float64) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	n, ok := e.nodes[node]
+	if !ok {
+		return fmt.Errorf("%w node %q", ErrUnknown, node)
+	}
+	if neighbours != nil {
+		n.NeighbourRTTMs = neighbours
+	}
+	for u, r := range users {
+		if us, ok := e.users[u]; ok {
+			if us.RTTMs == nil {
+				us.RTTMs = map[string]float64{}
+			}
+			us.RTTMs[node] = r
+		}
+	}
+	return nil
+}
+
+// Tick marks nodes whose heartbeat is older than the timeout as dead.
+func (e *Engine) Tick(now time.Time) (died []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, n := range e.nodes {
+		if n.Alive && now.Sub(n.LastHeartbeat) > e.heartbeatTimeout {
+			n.Alive = false
+			died = append(died, n.Name)
+		}
+	}
+	sort.Strings(died)
+	return died
+}
+
+// AddUser registers (or updates the address of) a user.
+func (e *Engine) AddUser(u UserState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if old, ok := e.users[u.Name]; ok {
+		if u.Address != "" {
+			old.Address = u.Address
+		}
+		return
+	}
+	uc := u
+	e.users[u.Name] = &uc
+}
+
+// AddService registers a service following user, on node.
+func (e *Engine) AddService(s ServiceState) error {
+	if err := s.Policy.Validate(); err != nil {
+		return err
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.users[s.User]; !ok {
+		return fmt.Errorf("%w user %q", ErrUnknown, s.User)
+	}
+	if _, ok := e.nodes[s.Node]; !ok {
+		return fmt.Errorf("%w node %q", ErrUnknown, s.Node)
+	}
+	if _, dup := e.services[s.Name]; !dup {
+		e.byUser[s.User] = append(e.byUser[s.User], s.Name)
+	}
+	sc := s
+	e.services[s.Name] = &sc
+	return nil
+}
+
+// Move records a user's new position and returns the tier-1 decision.
+// The handoff is not applied: Attach does once it happened.
+func (e *Engine) Move(user string, p topo.Point, now time.Time) (radio.Decision, error) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	u, ok := e.users[user]
+	if !ok {
+		return radio.Decision{}, fmt.Errorf("%w user %q", ErrUnknown, user)
+	}
+	u.Pos, u.Updated = p, now
+	d := e.radio.Decide(e.topo.T, u.AP, p)
+	if a, ok := e.topo.AP(u.AP); ok {
+		u.RSSI = e.radio.RSSI(topo.Dist(a.Pos, p))
+	}
+	return d, nil
+}
+
+// Attach records that user's virtual AP is now on ap.
+func (e *Engine) Attach(user, ap string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	u, ok := e.users[user]
+	if !ok {
+		return fmt.Errorf("%w user %q", ErrUnknown, user)
+	}
+	a, ok := e.topo.AP(ap)
+	if !ok {
+		return fmt.Errorf("%w access point %q", ErrUnknown, ap)
+	}
+	u.AP, u.Region = ap, a.Region
+	u.RSSI = e.radio.RSSI(topo.Dist(a.Pos, u.Pos))
+	return nil
+}
+
+// Report records what a user's device reports of its service.
+func (e *Engine) Report(user string, throughputOps, latencyMs float64, now time.Time) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	u, ok := e.users[user]
+	if !ok {
+		return fmt.Errorf("%w user %q", ErrUnknown, user)
+	}
+	u.ThroughputOps, u.LatencyMs, u.Updated = throughputOps, latencyMs, now
+	return nil
+}
+
+// Decide runs the policy of every service following user (all services
+// when user is "") at now and returns the decisions; a decision to
+// migrate marks its service as migrating, so no second one starts before
+// Migrated is called.
+func (e *Engine) Decide(user string, now time.Time) []policy.Decision {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	names := e.byUser[user]
+	if user == "" {
+		names = make([]string, 0, len(e.services))
+		for n := range e.services {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+	}
+	var out []policy.Decision
+	for _, name := range names {
+		if d, ok := e.decideLocked(name, now); ok {
+			out = append(out, d)
+		}
+	}
+	return out
+}
+
+// decideLocked decides for one service; false when it is busy migrating
+// or its user is unknown.
+func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool) {
+	s := e.services[name]
+	if s == nil || s.Migrating != "" {
+		return policy.Decision{}, false
+	}
+	u := e.users[s.User]
+	if u == nil {
+		return policy.Decision{}, false
+	}
+	nodes := make(map[string]policy.Node, len(u.RTTMs)+1)
+	add := func(name string) {
+		if n, ok := e.nodes[name]; ok {
+			nodes[name] = policy.Node{Name: n.Name, Region: n.Region, Pos: n.Pos, Alive: n.Alive, NeighbourRTTMs: n.NeighbourRTTMs, LinkBps: n.LinkBps}
+		}
+	}
+	add(s.Node)
+	for n := range u.RTTMs {
+		add(n)
+	}
+	if s.Policy.Kind == policy.KindRegion {
+		for _, n := range e.topo.RegionNodes(u.Region) {
+			add(n.Name)
+		}
+	}
+	v := policy.View{Now: now, Topo: e.topo, Nodes: nodes, Params: e.params,
+		Service: policy.Service{Name: s.Name, Node: s.Node, MemoryBytes: s.MemoryBytes, DirtyRate: s.DirtyRate, LastMigration: s.LastMigration, Config: s.Policy},
+		User:    policy.User{Name: u.Name, Pos: u.Pos, AP: u.AP, Region: u.Region, RTTMs: u.RTTMs, ThroughputOps: u.ThroughputOps, LatencyMs: u.LatencyMs}}
+	d := policy.Decide(v)
+	if d.Migrate {
+		s.Migrating = "pending"
+	}
+	return d, true
+}
+
+// Started records the id of the migration a decision started.
+func (e *Engine) Started(service, id string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s, ok := e.services[service]; ok {
+		s.Migrating = id
+	}
+}
+
+// Migrated records a migration's end: the service is on node (the
+// destination, or the source again) since now.
+func (e *Engine) Migrated(service, node string, moved bool, now time.Time) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if s, ok := e.services[service]; ok {
+		s.Migrating = ""
+		if node != "" {
+			s.Node = node
+		}
+		if moved {
+			s.LastMigration = now
+		}
+	}
+}
+
+// Snapshot copies the state, for the API and the store.
+func (e *Engine) Snapshot() (nodes []NodeState, users []UserState, services []ServiceState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, n := range e.nodes {
+		c := *n
+		c.Containers = append([]string(nil), n.Containers...)
+		c.NeighbourRTTMs = copyMap(n.NeighbourRTTMs)
+		nodes = append(nodes, c)
+	}
+	for _, u := range e.users {
+		c := *u
+		c.RTTMs = copyMap(u.RTTMs)
+		users = append(users, c)
+	}
+	for _, s := range e.services {
+		services = append(services, *s)
+	}
+	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
+	sort.Slice(users, func(i, j int) bool { return users[i].Name < users[j].Name })
+	sort.Slice(services, func(i, j int) bool { return services[i].Name < services[j].Name })
+	return nodes, users, services
+}
+
+// User returns a copy of one user.
+func (e *Engine) User(name string) (UserState, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	u, ok := e.users[name]
+	if !ok {
+		return UserState{}, false
+	}
+	c := *u
+	c.RTTMs = copyMap(u.RTTMs)
+	return c, true
+}
+
+// Service returns a copy of one service.
+func (e *Engine) Service(name string) (ServiceState, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	s, ok := e.services[name]
+	if !ok {
+		return ServiceState{}, false
+	}
+	return *s, true
+}
+
+// Restore puts state read back from the store into the engine (a
+// controller that restarts); nodes stay dead until they heartbeat again.
+func (e *Engine) Restore(users []UserState, services []ServiceState) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, u := range users {
+		uc := u
+		e.users[u.Name] = &uc
+	}
+	for _, s := range services {
+		sc := s
+		sc.Migrating = "" // the agents' heartbeats tell where it runs
+		if _, dup := e.services[s.Name]; !dup {
+			e.byUser[s.User] = append(e.byUser[s.User], s.Name)
+		}
+		e.services[s.Name] = &sc
+	}
+}
+
+func copyMap(m map[string]float64) map[string]float64 {
+	if m == nil {
+		return nil
+	}
+	c := make(map[string]float64, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
