@@ -193,6 +193,10 @@ func (a *Agent) Run(ctx context.Context) error {
 	a.recoverAll(ctx, pending)
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.syncPeers(ctx) }()
+	if a.cfg.Controller != "" && a.cfg.Role == RoleNode {
+		a.wg.Add(1)
+		go func() { defer a.wg.Done(); a.reportLoop(ctx) }()
+	}
 	if ml != nil {
 		a.wg.Add(1)
 		go func() { defer a.wg.Done(); a.serveMigrations(ctx, ml) }()

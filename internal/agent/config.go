@@ -42,6 +42,10 @@ type Config struct {
 	ImageRoot string       `json:"image_root"` // local OCI image cache
 	TLSDir    string       `json:"tls_dir,omitempty"`
 	ScratchMB int          `json:"scratch_mb,omitempty"` // tmpfs for checkpoint images; 0 = tmpfs default
+	// Controller is the base URL (https://host:port) of the controller's
+	// agent listener: the agent sends it heartbeats and RTT measurements
+	// over mutual TLS. Empty: no controller.
+	Controller string `json:"controller,omitempty"`
 
 	Log *slog.Logger `json:"-"`
 }

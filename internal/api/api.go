@@ -414,3 +414,27 @@ type PeerPhase struct {
 	Role  string `json:"role"`
 	Phase string `json:"phase"`
 }
+
+// Heartbeat is what an agent reports to the controller every second.
+type Heartbeat struct {
+	Node       string   `json:"node"`
+	Address    string   `json:"address,omitempty"`
+	LinkBps    float64  `json:"link_bps,omitempty"`
+	Containers []string `json:"containers"`
+	// NeighbourRTTMs and UserRTTMs are the agent's latest measurements
+	// (nil: none since the last heartbeat).
+	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`
+	UserRTTMs      map[string]float64 `json:"user_rtt_ms,omitempty"`
+}
+
+// Target is something an agent is asked to measure its RTT to.
+type Target struct {
+	Name    string `json:"name"`
+	Address string `json:"address"`
+}
+
+// HeartbeatReply tells an agent what to measure.
+type HeartbeatReply struct {
+	Users []Target `json:"users"`
+	Nodes []Target `json:"nodes"`
+}

@@ -426,33 +426,9 @@ func (c *Controller) migrate(d policy.Decision) {
 	c.record(KindMigrations, rec)
 }
 
-// Heartbeat is what an agent reports every second.
-type Heartbeat struct {
-	Node       string   `json:"node"`
-	Address    string   `json:"address,omitempty"`
-	LinkBps    float64  `json:"link_bps,omitempty"`
-	Containers []string `json:"containers"`
-	// NeighbourRTTMs and UserRTTMs are the agent's latest measurements
-	// (nil: none since the last heartbeat).
-	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`
-	UserRTTMs      map[string]float64 `json:"user_rtt_ms,omitempty"`
-}
-
-// Target is something an agent is asked to measure its RTT to.
-type Target struct {
-	Name    string `json:"name"`
-	Address string `json:"address"`
-}
-
-// HeartbeatReply tells an agent what to measure.
-type HeartbeatReply struct {
-	Users []Target `json:"users"`
-	Nodes []Target `json:"nodes"`
-}
-
 // Heartbeat records an agent's report and answers with what it should
 // measure next.
-func (c *Controller) Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatReply, error) {
+func (c *Controller) Heartbeat(ctx context.Context, hb api.Heartbeat) (api.HeartbeatReply, error) {
 	nodes, _, _ := c.eng.Snapshot()
 	wasAlive := false
 	for _, n := range nodes {
@@ -461,26 +437,26 @@ func (c *Controller) Heartbeat(ctx context.Context, hb Heartbeat) (HeartbeatRepl
 		}
 	}
 	if err := c.eng.Heartbeat(hb.Node, hb.Address, hb.LinkBps, hb.Containers, time.Now()); err != nil {
-		return HeartbeatReply{}, fmt.Errorf("%w: %v", ErrNotFound, err)
+		return api.HeartbeatReply{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
 	if !wasAlive {
 		c.event("node-alive", fmt.Sprintf("%s heartbeats", hb.Node), map[string]any{"node": hb.Node})
 	}
 	if hb.NeighbourRTTMs != nil || hb.UserRTTMs != nil {
 		if err := c.eng.Measurements(hb.Node, hb.NeighbourRTTMs, hb.UserRTTMs); err != nil {
-			return HeartbeatReply{}, err
+			return api.HeartbeatReply{}, err
 		}
 	}
-	var rep HeartbeatReply
+	var rep api.HeartbeatReply
 	nodes, users, _ := c.eng.Snapshot()
 	for _, u := range users {
 		if u.Address != "" {
-			rep.Users = append(rep.Users, Target{Name: u.Name, Address: u.Address})
+			rep.Users = append(rep.Users, api.Target{Name: u.Name, Address: u.Address})
 		}
 	}
 	for _, n := range nodes {
 		if n.Name != hb.Node && n.Address != "" {
-			rep.Nodes = append(rep.Nodes, Target{Name: n.Name, Address: n.Address})
+			rep.Nodes = append(rep.Nodes, api.Target{Name: n.Name, Address: n.Address})
 		}
 	}
 	return rep, nil

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/policy"
 	"github.com/edgehop/edgehop/internal/radio"
 	"github.com/edgehop/edgehop/internal/store"
@@ -52,7 +53,7 @@ func feed(t *testing.T, c *Controller, user string, p topo.Point) {
 	t.Helper()
 	for _, n := range c.eng.Topology().Nodes {
 		rtt := map[string]float64{user: 1 + topo.Dist(n.Pos, p)/100}
-		if _, err := c.Heartbeat(context.Background(), Heartbeat{Node: n.Name, Address: "172.30.0.2", UserRTTMs: rtt,
+		if _, err := c.Heartbeat(context.Background(), api.Heartbeat{Node: n.Name, Address: "172.30.0.2", UserRTTMs: rtt,
 			NeighbourRTTMs: map[string]float64{"node0": 4, "node1": 4, "node2": 8}}); err != nil {
 			t.Fatal(err)
 		}

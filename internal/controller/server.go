@@ -214,7 +214,7 @@ func (c *Controller) Handler() http.Handler {
 func (c *Controller) AgentHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /v1/agents/heartbeat", func(w http.ResponseWriter, r *http.Request) {
-		var hb Heartbeat
+		var hb api.Heartbeat
 		if !decode(w, r, &hb) {
 			return
 		}
@@ -283,7 +283,6 @@ func writeErr(w http.ResponseWriter, err error) {
 	}
 	writeJSON(w, status, api.Error{Code: code, Message: err.Error()})
 }
-
 
 func mustSub(f embed.FS, dir string) fs.FS {
 	sub, err := fs.Sub(f, dir)

@@ -64,8 +64,17 @@ type State struct {
 	Overlay   string    `json:"overlay"`
 	Gateway   string    `json:"gateway"`
 	LinkdSock string    `json:"linkd_socket"`
+	// Controller is the testbed's controller; its URL is reachable from
+	// the machine's root namespace (API and dashboard).
+	Controller ControllerRef `json:"controller"`
 	Created   time.Time `json:"created"`
 	Spec      Spec      `json:"spec"`
+}
+
+// ControllerRef is where a testbed's controller serves.
+type ControllerRef struct {
+	URL      string `json:"url"`       // operator API and dashboard, from the root namespace
+	AgentURL string `json:"agent_url"` // agents' heartbeats (mutual TLS), from the nodes
 }
 
 // Errors callers branch on.
