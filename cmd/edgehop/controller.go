@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"runtime/debug"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/controller"
@@ -34,6 +35,7 @@ func runController(ctx context.Context, args []string) error {
 	if *cfgPath == "" {
 		return fmt.Errorf("%w: --config is required", errUsage)
 	}
+	debug.SetGCPercent(controller.GCPercent)
 	fc, err := controller.LoadFileConfig(*cfgPath)
 	if err != nil {
 		return err

@@ -106,7 +106,7 @@ func TestWalkAcrossRegions(t *testing.T) {
 		t.Fatalf("decisions logged: %d, %v", len(ds), err)
 	}
 	var d DecisionRecord
-	if err := json.Unmarshal(ds[0].Data, &d); err != nil || d.Reason == "" || d.Inputs == nil {
+	if err := json.Unmarshal(ds[0].Data, &d); err != nil || d.Reason == "" || d.Inputs == (policy.Inputs{}) {
 		t.Errorf("a decision without reason or inputs: %s", ds[0].Data)
 	}
 }

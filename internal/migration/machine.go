@@ -94,25 +94,25 @@ type EventKind int
 
 // Events. Each answers the action the machine is waiting on (Pending).
 const (
-	EvStart            EventKind = iota + 1
-	EvPrepared                   // the destination is ready (source), or prepared itself (destination)
-	EvRoundsDone                 // the live rounds ended (source)
-	EvFrozen                     // the service is frozen (source), or the source announced the freeze (destination)
-	EvDumped                     // the dump is complete, or (lazy) its page server is up
-	EvSent                       // images and writable layer are sent (source) or received (destination)
-	EvRestored                   // the destination restored the service (its packets still held)
-	EvCommit                     // the source committed (destination)
-	EvSwitched                   // the destination serves the service (source)
-	EvLazyDone                   // post-copy: every page reached the destination
-	EvResumed                    // the source runs the service again (rollback)
-	EvReleased                   // the source freed what it held of the service
-	EvDestroyed                  // the destination removed its copy
-	EvPeerCommitted              // asked after losing the peer: it committed (source's journal) or serves (destination's)
-	EvPeerGaveUp                 // asked after losing the peer: it rolled back (source) or holds no copy (destination)
-	EvFailed                     // the pending action failed (Err)
-	EvPeerAborted                // the peer gave up (Err carries its reason)
-	EvCancel                     // the operator cancelled
-	EvBudget                     // the frozen-window budget ran out
+	EvStart         EventKind = iota + 1
+	EvPrepared                // the destination is ready (source), or prepared itself (destination)
+	EvRoundsDone              // the live rounds ended (source)
+	EvFrozen                  // the service is frozen (source), or the source announced the freeze (destination)
+	EvDumped                  // the dump is complete, or (lazy) its page server is up
+	EvSent                    // images and writable layer are sent (source) or received (destination)
+	EvRestored                // the destination restored the service (its packets still held)
+	EvCommit                  // the source committed (destination)
+	EvSwitched                // the destination serves the service (source)
+	EvLazyDone                // post-copy: every page reached the destination
+	EvResumed                 // the source runs the service again (rollback)
+	EvReleased                // the source freed what it held of the service
+	EvDestroyed               // the destination removed its copy
+	EvPeerCommitted           // asked after losing the peer: it committed (source's journal) or serves (destination's)
+	EvPeerGaveUp              // asked after losing the peer: it rolled back (source) or holds no copy (destination)
+	EvFailed                  // the pending action failed (Err)
+	EvPeerAborted             // the peer gave up (Err carries its reason)
+	EvCancel                  // the operator cancelled
+	EvBudget                  // the frozen-window budget ran out
 	// EvJournalFailed: the phase just entered could not be persisted, so
 	// the action after it was not taken.
 	EvJournalFailed

@@ -43,4 +43,3 @@ func TestInNamespace(t *testing.T) {
 		t.Error("a reply from an address with no route")
 	}
 }
-

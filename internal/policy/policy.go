@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"sort"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/model"
@@ -37,9 +36,9 @@ type Config struct {
 	// (150 ms in the paper) form its neighbour database; the service's
 	// initiation time (starting afresh) is weighed against the
 	// migration's.
-	NeighbourMs     float64 `json:"neighbour_ms,omitempty"`
-	UselessMs       float64 `json:"useless_ms,omitempty"` // 1 s in the paper: beyond it the service is useless
-	ServiceInitMs   float64 `json:"service_init_ms,omitempty"`
+	NeighbourMs   float64 `json:"neighbour_ms,omitempty"`
+	UselessMs     float64 `json:"useless_ms,omitempty"` // 1 s in the paper: beyond it the service is useless
+	ServiceInitMs float64 `json:"service_init_ms,omitempty"`
 	// Throughput: migrate when the user's throughput falls under MinOps
 	// operations per second.
 	MinOps float64 `json:"min_ops,omitempty"`
@@ -168,7 +167,8 @@ type View struct {
 	Topo    *topo.Index
 	Service Service
 	User    User // the user the service follows
-	Nodes   map[string]Node
+	// Nodes looks a node up by name (false: unknown).
+	Nodes func(name string) (Node, bool)
 	// Params returns the performance model's parameters for a strategy
 	// (fitted on this machine, or PAM's); nil uses model.DefaultParams.
 	Params func(strategy model.Strategy) model.Params
@@ -176,15 +176,39 @@ type View struct {
 
 // Decision is a policy's verdict, logged with its inputs.
 type Decision struct {
-	Service  string             `json:"service"`
-	User     string             `json:"user"`
-	Policy   string             `json:"policy"`
-	Migrate  bool               `json:"migrate"`
-	From     string             `json:"from"`
-	To       string             `json:"to,omitempty"`
-	Strategy string             `json:"strategy,omitempty"`
-	Reason   string             `json:"reason"`
-	Inputs   map[string]float64 `json:"inputs"`
+	Service  string `json:"service"`
+	User     string `json:"user"`
+	Policy   string `json:"policy"`
+	Migrate  bool   `json:"migrate"`
+	From     string `json:"from"`
+	To       string `json:"to,omitempty"`
+	Strategy string `json:"strategy,omitempty"`
+	Reason   string `json:"reason"`
+	Inputs   Inputs `json:"inputs"`
+}
+
+// Inputs are the measurements and limits a decision read (zero: not
+// used by the policy, except hops).
+type Inputs struct {
+	RTTServingMs         float64 `json:"rtt_serving_ms,omitempty"`
+	RTTTargetMs          float64 `json:"rtt_target_ms,omitempty"`
+	LatencyMs            float64 `json:"latency_ms,omitempty"`
+	ThresholdMs          float64 `json:"threshold_ms,omitempty"`
+	Hops                 float64 `json:"hops"`
+	MaxHops              float64 `json:"max_hops,omitempty"`
+	NeighbourRTTMs       float64 `json:"neighbour_rtt_ms,omitempty"`
+	NeighbourLimitMs     float64 `json:"neighbour_limit_ms,omitempty"`
+	InitialRTTMs         float64 `json:"initial_rtt_ms,omitempty"`
+	DeltaRTTMs           float64 `json:"delta_rtt_ms,omitempty"`
+	EstimatedMigrationMs float64 `json:"estimated_migration_ms,omitempty"`
+	ServiceInitMs        float64 `json:"service_init_ms,omitempty"`
+	MinOps               float64 `json:"min_ops,omitempty"`
+	ThroughputOps        float64 `json:"throughput_ops,omitempty"`
+	DowntimeTargetMs     float64 `json:"downtime_target_ms,omitempty"`
+	BandwidthBps         float64 `json:"bandwidth_bps,omitempty"`
+	PredictedDowntimeMs  float64 `json:"predicted_downtime_ms,omitempty"`
+	PredictedTotalMs     float64 `json:"predicted_total_ms,omitempty"`
+	SinceLastMigrationS  float64 `json:"since_last_migration_s,omitempty"`
 }
 
 // Decide runs the service's policy on v, damped: never towards a node
@@ -193,14 +217,14 @@ type Decision struct {
 // the hysteresis margin.
 func Decide(v View) Decision {
 	c := v.Service.Config.WithDefaults()
-	d := Decision{Service: v.Service.Name, User: v.User.Name, Policy: c.Kind, From: v.Service.Node, Inputs: map[string]float64{}}
+	d := Decision{Service: v.Service.Name, User: v.User.Name, Policy: c.Kind, From: v.Service.Node}
 	cur, curOK := v.User.RTTMs[v.Service.Node]
 	if curOK {
-		d.Inputs["rtt_serving_ms"] = cur
+		d.Inputs.RTTServingMs = cur
 	}
 	if !v.Service.LastMigration.IsZero() {
 		since := v.Now.Sub(v.Service.LastMigration)
-		d.Inputs["since_last_migration_s"] = since.Seconds()
+		d.Inputs.SinceLastMigrationS = since.Seconds()
 		if since < c.MinDwell {
 			d.Reason = fmt.Sprintf("dwell: migrated %.1f s ago, the minimum is %s", since.Seconds(), c.MinDwell)
 			return d
@@ -225,21 +249,25 @@ func Decide(v View) Decision {
 // best is the alive node with the lowest measured RTT to the user, other
 // than exclude ("" when none); ties by name.
 func best(v View, exclude string) (string, float64) {
-	names := make([]string, 0, len(v.User.RTTMs))
-	for n := range v.User.RTTMs {
-		names = append(names, n)
-	}
-	sort.Strings(names)
 	bn, br := "", math.Inf(1)
-	for _, n := range names {
-		if n == exclude || !v.Nodes[n].Alive {
+	for n, r := range v.User.RTTMs {
+		if n == exclude || !v.node(n).Alive {
 			continue
 		}
-		if r := v.User.RTTMs[n]; r < br {
+		if r < br || (r == br && n < bn) {
 			bn, br = n, r
 		}
 	}
 	return bn, br
+}
+
+// node looks n up; an unknown node is a dead one.
+func (v View) node(n string) Node {
+	if v.Nodes == nil {
+		return Node{}
+	}
+	nd, _ := v.Nodes(n)
+	return nd
 }
 
 // towardsBest completes d with a migration to the lowest-RTT alive node,
@@ -250,9 +278,9 @@ func towardsBest(v View, c Config, d Decision, why string) Decision {
 		d.Reason = why + "; no other live node has a measured RTT to the user"
 		return d
 	}
-	d.Inputs["rtt_target_ms"] = rtt
+	d.Inputs.RTTTargetMs = rtt
 	cur, ok := v.User.RTTMs[v.Service.Node]
-	if ok && v.Nodes[v.Service.Node].Alive && rtt > cur-c.HysteresisMs {
+	if ok && v.node(v.Service.Node).Alive && rtt > cur-c.HysteresisMs {
 		d.Reason = fmt.Sprintf("%s; but %s (%.2f ms) is not %.2f ms better than %s (%.2f ms)", why, to, rtt, c.HysteresisMs, v.Service.Node, cur)
 		return d
 	}
@@ -276,13 +304,13 @@ func userLatency(v View) (float64, bool) {
 // migrated to a suitable node when the latency exceeds a threshold".
 func latency(v View, c Config, d Decision) Decision {
 	l, ok := userLatency(v)
-	d.Inputs["threshold_ms"] = c.ThresholdMs
+	d.Inputs.ThresholdMs = c.ThresholdMs
 	if !ok {
 		d.Reason = "no latency measured for the user yet"
 		return d
 	}
-	d.Inputs["latency_ms"] = l
-	if l <= c.ThresholdMs && v.Nodes[v.Service.Node].Alive {
+	d.Inputs.LatencyMs = l
+	if l <= c.ThresholdMs && v.node(v.Service.Node).Alive {
 		d.Reason = fmt.Sprintf("latency %.2f ms within the threshold %.2f ms", l, c.ThresholdMs)
 		return d
 	}
@@ -292,10 +320,10 @@ func latency(v View, c Config, d Decision) Decision {
 // region: ARNAB Sec. 4.3, "the migration can be triggered if the number
 // of hops has reached a predefined value for the respective application".
 func region(v View, c Config, d Decision) Decision {
-	srv := v.Nodes[v.Service.Node]
+	srv := v.node(v.Service.Node)
 	hops := v.Topo.RegionHops(v.User.Region, srv.Region)
-	d.Inputs["hops"] = float64(hops)
-	d.Inputs["max_hops"] = float64(c.MaxHops)
+	d.Inputs.Hops = float64(hops)
+	d.Inputs.MaxHops = float64(c.MaxHops)
 	if hops >= 0 && hops < c.MaxHops && srv.Alive {
 		d.Reason = fmt.Sprintf("user in %s, %d hop(s) from %s's %s: under the limit %d", v.User.Region, hops, srv.Name, srv.Region, c.MaxHops)
 		return d
@@ -305,7 +333,7 @@ func region(v View, c Config, d Decision) Decision {
 	var cands []string
 	bd := math.Inf(1)
 	for _, n := range v.Topo.RegionNodes(v.User.Region) {
-		if !v.Nodes[n.Name].Alive || n.Name == srv.Name {
+		if !v.node(n.Name).Alive || n.Name == srv.Name {
 			continue
 		}
 		// The nearest by position first.
@@ -361,13 +389,13 @@ func teka(v View, c Config, d Decision) Decision {
 		return d
 	}
 	cur, okCur := v.User.RTTMs[v.Service.Node]
-	if okCur && rttTo > cur-c.HysteresisMs && v.Nodes[v.Service.Node].Alive {
+	if okCur && rttTo > cur-c.HysteresisMs && v.node(v.Service.Node).Alive {
 		d.Reason = fmt.Sprintf("%s (%.2f ms) is not %.2f ms better than %s (%.2f ms)", to, rttTo, c.HysteresisMs, v.Service.Node, cur)
 		return d
 	}
-	nb, inDB := v.Nodes[v.Service.Node].NeighbourRTTMs[to]
-	d.Inputs["neighbour_rtt_ms"] = nb
-	d.Inputs["neighbour_limit_ms"] = c.NeighbourMs
+	nb, inDB := v.node(v.Service.Node).NeighbourRTTMs[to]
+	d.Inputs.NeighbourRTTMs = nb
+	d.Inputs.NeighbourLimitMs = c.NeighbourMs
 	if !inDB || nb > c.NeighbourMs {
 		d.Reason = fmt.Sprintf("%s is not in %s's possible neighbour database (RTT %.1f ms, limit %.0f ms, measured %t)", to, v.Service.Node, nb, c.NeighbourMs, inDB)
 		return d
@@ -382,7 +410,7 @@ func teka(v View, c Config, d Decision) Decision {
 	}
 	est := estimateMigrationMs(v, c.Strategy, nb)
 	delta := math.Min(est, nb)
-	d.Inputs["initial_rtt_ms"], d.Inputs["delta_rtt_ms"], d.Inputs["estimated_migration_ms"], d.Inputs["service_init_ms"] = initial, delta, est, c.ServiceInitMs
+	d.Inputs.InitialRTTMs, d.Inputs.DeltaRTTMs, d.Inputs.EstimatedMigrationMs, d.Inputs.ServiceInitMs = initial, delta, est, c.ServiceInitMs
 	switch sum := initial + delta; {
 	case sum <= c.NeighbourMs:
 		d.Migrate, d.To, d.Strategy = true, to, c.Strategy
@@ -399,13 +427,13 @@ func teka(v View, c Config, d Decision) Decision {
 // throughput: H-Container Sec. 7, migration "when the throughput (Redis)
 // ... fall[s] under a certain threshold".
 func throughput(v View, c Config, d Decision) Decision {
-	d.Inputs["min_ops"] = c.MinOps
+	d.Inputs.MinOps = c.MinOps
 	if v.User.ThroughputOps <= 0 {
 		d.Reason = "no throughput reported by the user yet"
 		return d
 	}
-	d.Inputs["throughput_ops"] = v.User.ThroughputOps
-	if v.User.ThroughputOps >= c.MinOps && v.Nodes[v.Service.Node].Alive {
+	d.Inputs.ThroughputOps = v.User.ThroughputOps
+	if v.User.ThroughputOps >= c.MinOps && v.node(v.Service.Node).Alive {
 		d.Reason = fmt.Sprintf("throughput %.0f op/s at or above %.0f op/s", v.User.ThroughputOps, c.MinOps)
 		return d
 	}
@@ -419,13 +447,13 @@ func throughput(v View, c Config, d Decision) Decision {
 func modelDriven(v View, c Config, d Decision) Decision {
 	to, rtt := best(v, v.Service.Node)
 	cur, ok := v.User.RTTMs[v.Service.Node]
-	if to == "" || (ok && v.Nodes[v.Service.Node].Alive && rtt > cur-c.HysteresisMs) {
+	if to == "" || (ok && v.node(v.Service.Node).Alive && rtt > cur-c.HysteresisMs) {
 		d.Reason = fmt.Sprintf("no live node closer than %s by %.2f ms", v.Service.Node, c.HysteresisMs)
 		return d
 	}
-	d.Inputs["rtt_target_ms"] = rtt
-	bw := v.Nodes[to].LinkBps
-	if s := v.Nodes[v.Service.Node].LinkBps; s > 0 && (bw == 0 || s < bw) {
+	d.Inputs.RTTTargetMs = rtt
+	bw := v.node(to).LinkBps
+	if s := v.node(v.Service.Node).LinkBps; s > 0 && (bw == 0 || s < bw) {
 		bw = s
 	}
 	if bw == 0 {
@@ -440,17 +468,17 @@ func modelDriven(v View, c Config, d Decision) Decision {
 		}
 	}
 	res, err := model.Plan(params, model.Request{
-		Inputs:        model.Inputs{StateBytes: float64(max(v.Service.MemoryBytes, 1<<20)), DirtyRate: v.Service.DirtyRate, BandwidthBps: bw, RTTMs: v.Nodes[v.Service.Node].NeighbourRTTMs[to]},
+		Inputs:        model.Inputs{StateBytes: float64(max(v.Service.MemoryBytes, 1<<20)), DirtyRate: v.Service.DirtyRate, BandwidthBps: bw, RTTMs: v.node(v.Service.Node).NeighbourRTTMs[to]},
 		MaxDowntimeMs: c.DowntimeTargetMs, Strategies: implemented, ByStrategy: by,
 	})
-	d.Inputs["downtime_target_ms"] = c.DowntimeTargetMs
-	d.Inputs["bandwidth_bps"] = bw
+	d.Inputs.DowntimeTargetMs = c.DowntimeTargetMs
+	d.Inputs.BandwidthBps = bw
 	if err != nil || !res.Feasible {
 		d.Reason = fmt.Sprintf("%s is closer (%.2f ms) but no strategy meets the downtime target %.0f ms (%v %v)", to, rtt, c.DowntimeTargetMs, err, res.Unmet)
 		return d
 	}
-	d.Inputs["predicted_downtime_ms"] = res.Choice.Prediction.DowntimeMs
-	d.Inputs["predicted_total_ms"] = res.Choice.Prediction.TotalMs
+	d.Inputs.PredictedDowntimeMs = res.Choice.Prediction.DowntimeMs
+	d.Inputs.PredictedTotalMs = res.Choice.Prediction.TotalMs
 	d.Migrate, d.To, d.Strategy = true, to, string(res.Choice.Strategy)
 	d.Reason = fmt.Sprintf("%s is closer (%.2f ms); the model picks %s: %.0f ms downtime predicted, target %.0f ms",
 		to, rtt, res.Choice.Strategy, res.Choice.Prediction.DowntimeMs, c.DowntimeTargetMs)
@@ -461,7 +489,7 @@ var implemented = []model.Strategy{"stop-and-copy", "post-copy", "pre-copy", "hy
 
 // estimateMigrationMs predicts a migration's total time with the model.
 func estimateMigrationMs(v View, strategy string, rttMs float64) float64 {
-	bw := v.Nodes[v.Service.Node].LinkBps
+	bw := v.node(v.Service.Node).LinkBps
 	if bw == 0 {
 		bw = 1e9
 	}

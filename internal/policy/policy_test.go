@@ -23,6 +23,10 @@ func nodes(alive ...bool) map[string]Node {
 	return out
 }
 
+func lookup(m map[string]Node) func(string) (Node, bool) {
+	return func(n string) (Node, bool) { nd, ok := m[n]; return nd, ok }
+}
+
 // view puts the user at x with RTTs that grow 1 ms per 100 m from each
 // node (H-Container's emulation), the service on node0.
 func view(kind string, x float64) View {
@@ -34,7 +38,7 @@ func view(kind string, x float64) View {
 	for _, n := range tp.T.Nodes {
 		u.RTTMs[n.Name] = 1 + topo.Dist(n.Pos, u.Pos)/100
 	}
-	return View{Now: t0, Topo: tp, User: u, Nodes: nodes(),
+	return View{Now: t0, Topo: tp, User: u, Nodes: lookup(nodes()),
 		Service: Service{Name: "redis", Node: "node0", MemoryBytes: 20 << 20, Config: Config{Kind: kind}}}
 }
 
@@ -46,7 +50,7 @@ func TestLatencyPolicy(t *testing.T) {
 	v = view(KindLatency, 600)
 	v.Service.Config.ThresholdMs = 4
 	d := Decide(v)
-	if !d.Migrate || d.To != "node1" || d.Strategy == "" || d.Inputs["latency_ms"] == 0 {
+	if !d.Migrate || d.To != "node1" || d.Strategy == "" || d.Inputs.LatencyMs == 0 {
 		t.Fatalf("far from node0, near node1: %+v", d)
 	}
 	if !strings.Contains(d.Reason, "above the threshold") {
@@ -61,7 +65,7 @@ func TestRegionPolicy(t *testing.T) {
 	}
 	v = view(KindRegion, 400) // region1, 1 hop
 	d := Decide(v)
-	if !d.Migrate || d.To != "node1" || d.Inputs["hops"] != 1 {
+	if !d.Migrate || d.To != "node1" || d.Inputs.Hops != 1 {
 		t.Fatalf("one hop with a limit of 1: %+v", d)
 	}
 	v.Service.Config.MaxHops = 2 // a tolerant application
@@ -78,7 +82,9 @@ func TestTekaPolicy(t *testing.T) {
 		t.Fatalf("a near neighbour: %+v", d)
 	}
 	// Not in the possible neighbour database (RTT over 150 ms).
-	v.Nodes["node0"] = Node{Name: "node0", Region: "region0", Alive: true, NeighbourRTTMs: map[string]float64{"node1": 180}}
+	ns := nodes()
+	ns["node0"] = Node{Name: "node0", Region: "region0", Alive: true, NeighbourRTTMs: map[string]float64{"node1": 180}}
+	v.Nodes = lookup(ns)
 	if d := Decide(v); d.Migrate || !strings.Contains(d.Reason, "neighbour database") {
 		t.Fatalf("beyond 150 ms: %+v", d)
 	}
@@ -117,10 +123,10 @@ func TestModelPolicy(t *testing.T) {
 	// the lazy strategies meet one second.
 	v.Service.Config.DowntimeTargetMs = 1000
 	d := Decide(v)
-	if !d.Migrate || d.To != "node1" || d.Strategy == "" || d.Inputs["predicted_downtime_ms"] <= 0 {
+	if !d.Migrate || d.To != "node1" || d.Strategy == "" || d.Inputs.PredictedDowntimeMs <= 0 {
 		t.Fatalf("model: %+v", d)
 	}
-	if d.Inputs["predicted_downtime_ms"] > 1000 || (d.Strategy != "post-copy" && d.Strategy != "hybrid") {
+	if d.Inputs.PredictedDowntimeMs > 1000 || (d.Strategy != "post-copy" && d.Strategy != "hybrid") {
 		t.Errorf("chose a strategy over the target: %+v", d)
 	}
 	v.Service.Config.DowntimeTargetMs = 0.001 // impossible
@@ -136,7 +142,9 @@ func TestDamping(t *testing.T) {
 		v := view(kind, 600)
 		v.Service.Config.MinOps = 1000
 		v.User.ThroughputOps = 10
-		v.Nodes["node1"] = Node{Name: "node1", Region: "region1", Pos: topo.Point{X: 450, Y: 50}, Alive: false}
+		ns := nodes()
+		ns["node1"] = Node{Name: "node1", Region: "region1", Pos: topo.Point{X: 450, Y: 50}, Alive: false}
+		v.Nodes = lookup(ns)
 		if d := Decide(v); d.Migrate && d.To == "node1" {
 			t.Errorf("%s: migrated to a node that stopped heartbeating: %+v", kind, d)
 		}

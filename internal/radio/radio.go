@@ -1,22 +1,23 @@
 package radio
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
-	"sort"
+	"slices"
 
 	"github.com/edgehop/edgehop/internal/topo"
 )
 
 // Model is a log-distance path-loss model with a handoff policy.
 type Model struct {
-	TxPowerDBm   float64 `json:"tx_power_dbm"`   // the device's transmit power
-	RefLossDB    float64 `json:"ref_loss_db"`    // loss at the reference distance (1 m)
-	Exponent     float64 `json:"exponent"`       // path-loss exponent: 2 free space, 2.7-3.5 urban
-	ThresholdDBm float64 `json:"threshold_dbm"`  // below it the serving AP asks for a handoff
-	HysteresisDB float64 `json:"hysteresis_db"`  // a candidate must beat the serving AP by this much
-	FloorDBm     float64 `json:"floor_dbm"`      // below it an AP does not hear the device at all
+	TxPowerDBm   float64 `json:"tx_power_dbm"`  // the device's transmit power
+	RefLossDB    float64 `json:"ref_loss_db"`   // loss at the reference distance (1 m)
+	Exponent     float64 `json:"exponent"`      // path-loss exponent: 2 free space, 2.7-3.5 urban
+	ThresholdDBm float64 `json:"threshold_dbm"` // below it the serving AP asks for a handoff
+	HysteresisDB float64 `json:"hysteresis_db"` // a candidate must beat the serving AP by this much
+	FloorDBm     float64 `json:"floor_dbm"`     // below it an AP does not hear the device at all
 }
 
 // DefaultModel: 20 dBm device, 40 dB at 1 m, exponent 3 (-80 dBm at
@@ -55,17 +56,22 @@ type Heard struct {
 	RSSI float64 `json:"rssi_dbm"`
 }
 
-// Scan lists what every AP hears of a device at p, strongest first; APs
-// below the floor are left out.
-func (m Model) Scan(t topo.Topology, p topo.Point) []Heard {
+// Range is the distance beyond which no AP hears the device (the floor).
+func (m Model) Range() float64 {
+	return math.Pow(10, (m.TxPowerDBm-m.RefLossDB-m.FloorDBm)/(10*m.Exponent))
+}
+
+// Scan lists what the access points aps hear of a device at p, strongest
+// first; APs below the floor are left out.
+func (m Model) Scan(aps []topo.AP, p topo.Point) []Heard {
 	var out []Heard
-	for _, a := range t.APs {
+	for _, a := range aps {
 		r := m.RSSI(topo.Dist(a.Pos, p))
 		if r >= m.FloorDBm {
 			out = append(out, Heard{AP: a.Name, RSSI: r})
 		}
 	}
-	sort.SliceStable(out, func(i, j int) bool { return out[i].RSSI > out[j].RSSI })
+	slices.SortStableFunc(out, func(a, b Heard) int { return cmp.Compare(b.RSSI, a.RSSI) })
 	return out
 }
 
@@ -84,16 +90,28 @@ type Decision struct {
 // only when the serving AP hears it below the threshold (or not at all)
 // and a candidate is better by the hysteresis margin.
 func (m Model) Decide(t topo.Topology, serving string, p topo.Point) Decision {
-	scan := m.Scan(t, p)
-	if len(scan) == 0 {
+	return m.DecideAmong(t.APs, t.AP, serving, p)
+}
+
+// DecideAmong is Decide with the candidate access points given (those in
+// range, from a spatial index) and a lookup of the serving one.
+func (m Model) DecideAmong(cands []topo.AP, lookup func(string) (topo.AP, bool), serving string, p topo.Point) Decision {
+	// The strongest candidate heard (the first of Scan's order), without
+	// building the scan.
+	best, heard := Heard{RSSI: math.Inf(-1)}, false
+	for _, a := range cands {
+		if r := m.RSSI(topo.Dist(a.Pos, p)); r >= m.FloorDBm && (r > best.RSSI || (r == best.RSSI && !heard)) {
+			best, heard = Heard{AP: a.Name, RSSI: r}, true
+		}
+	}
+	if !heard {
 		return Decision{From: serving, Reason: "no access point hears the device"}
 	}
-	best := scan[0]
 	if serving == "" {
 		return Decision{Handoff: true, To: best.AP, ToRSSI: best.RSSI, RSSI: math.Inf(-1), Reason: "attach to the strongest access point"}
 	}
 	cur := math.Inf(-1)
-	if a, ok := t.AP(serving); ok {
+	if a, ok := lookup(serving); ok {
 		cur = m.RSSI(topo.Dist(a.Pos, p))
 	}
 	d := Decision{From: serving, RSSI: cur, To: serving}

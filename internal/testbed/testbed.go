@@ -56,19 +56,19 @@ type Member struct {
 
 // State is what Up recorded about a running testbed; Status returns it.
 type State struct {
-	Name      string    `json:"name"`
-	Dir       string    `json:"dir"`
-	Core      Member    `json:"core"`
-	Nodes     []Member  `json:"nodes"`
-	Clients   []Member  `json:"clients"`
-	Overlay   string    `json:"overlay"`
-	Gateway   string    `json:"gateway"`
-	LinkdSock string    `json:"linkd_socket"`
+	Name      string   `json:"name"`
+	Dir       string   `json:"dir"`
+	Core      Member   `json:"core"`
+	Nodes     []Member `json:"nodes"`
+	Clients   []Member `json:"clients"`
+	Overlay   string   `json:"overlay"`
+	Gateway   string   `json:"gateway"`
+	LinkdSock string   `json:"linkd_socket"`
 	// Controller is the testbed's controller; its URL is reachable from
 	// the machine's root namespace (API and dashboard).
 	Controller ControllerRef `json:"controller"`
-	Created   time.Time `json:"created"`
-	Spec      Spec      `json:"spec"`
+	Created    time.Time     `json:"created"`
+	Spec       Spec          `json:"spec"`
 }
 
 // ControllerRef is where a testbed's controller serves.

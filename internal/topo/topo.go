@@ -198,30 +198,113 @@ func Line(regions, apsPerRegion int, width float64) Topology {
 	return t
 }
 
-// Index answers a topology's questions in constant time: by name, by
-// region, hops between regions. Build it once with NewIndex; it is
-// read-only afterwards and safe for concurrent use.
+// Index answers a topology's questions quickly: by name, by region,
+// hops between regions, what is near a point (a dense grid over the
+// topology's bounding box). Build it once with NewIndex; it is read-only
+// afterwards and safe for concurrent use.
 type Index struct {
 	T       Topology
 	aps     map[string]AP
 	nodes   map[string]Node
 	byRegin map[string][]Node
 	hops    map[[2]string]int
+	grid    grid
+}
+
+// grid files access points and nodes by cell of a dense array.
+type grid struct {
+	min        Point
+	cell       float64
+	cols, rows int
+	aps        [][]AP
+	nodes      [][]Node
+}
+
+const gridCell = 500.0 // metres
+
+func (g *grid) at(p Point) (int, int) {
+	c := int(math.Floor((p.X - g.min.X) / g.cell))
+	r := int(math.Floor((p.Y - g.min.Y) / g.cell))
+	return min(max(c, 0), g.cols-1), min(max(r, 0), g.rows-1)
+}
+
+func (g *grid) span(p Point, r float64) (c0, r0, c1, r1 int) {
+	c0, r0 = g.at(Point{p.X - r, p.Y - r})
+	c1, r1 = g.at(Point{p.X + r, p.Y + r})
+	return
+}
+
+// APsNear appends to buf the access points within r metres of p
+// (unordered) and returns it.
+func (x *Index) APsNear(buf []AP, p Point, r float64) []AP {
+	c0, r0, c1, r1 := x.grid.span(p, r)
+	r2 := r * r
+	for j := r0; j <= r1; j++ {
+		for i := c0; i <= c1; i++ {
+			for _, a := range x.grid.aps[j*x.grid.cols+i] {
+				if dx, dy := a.Pos.X-p.X, a.Pos.Y-p.Y; dx*dx+dy*dy <= r2 {
+					buf = append(buf, a)
+				}
+			}
+		}
+	}
+	return buf
+}
+
+// NodesNear appends to buf the nodes within r metres of p (unordered)
+// and returns it.
+func (x *Index) NodesNear(buf []Node, p Point, r float64) []Node {
+	c0, r0, c1, r1 := x.grid.span(p, r)
+	r2 := r * r
+	for j := r0; j <= r1; j++ {
+		for i := c0; i <= c1; i++ {
+			for _, n := range x.grid.nodes[j*x.grid.cols+i] {
+				if dx, dy := n.Pos.X-p.X, n.Pos.Y-p.Y; dx*dx+dy*dy <= r2 {
+					buf = append(buf, n)
+				}
+			}
+		}
+	}
+	return buf
 }
 
 // NewIndex indexes t.
 func NewIndex(t Topology) *Index {
 	x := &Index{T: t, aps: map[string]AP{}, nodes: map[string]Node{}, byRegin: map[string][]Node{}, hops: map[[2]string]int{}}
+	lo, hi := Point{X: math.Inf(1), Y: math.Inf(1)}, Point{X: math.Inf(-1), Y: math.Inf(-1)}
+	grow := func(p Point) {
+		lo.X, lo.Y, hi.X, hi.Y = math.Min(lo.X, p.X), math.Min(lo.Y, p.Y), math.Max(hi.X, p.X), math.Max(hi.Y, p.Y)
+	}
 	for _, a := range t.APs {
 		x.aps[a.Name] = a
+		grow(a.Pos)
 	}
 	for _, n := range t.Nodes {
 		x.nodes[n.Name] = n
 		x.byRegin[n.Region] = append(x.byRegin[n.Region], n)
+		grow(n.Pos)
 	}
-	for _, a := range t.Regions {
-		for _, b := range t.Regions {
-			x.hops[[2]string{a.Name, b.Name}] = t.RegionHops(a.Name, b.Name)
+	if math.IsInf(lo.X, 0) {
+		lo, hi = Point{}, Point{}
+	}
+	// A million cells at most, however spread out the topology is.
+	cell := math.Max(gridCell, math.Sqrt((hi.X-lo.X+1)*(hi.Y-lo.Y+1)/1e6))
+	g := grid{min: lo, cell: cell, cols: int((hi.X-lo.X)/cell) + 1, rows: int((hi.Y-lo.Y)/cell) + 1}
+	g.aps, g.nodes = make([][]AP, g.cols*g.rows), make([][]Node, g.cols*g.rows)
+	for _, a := range t.APs {
+		c, r := g.at(a.Pos)
+		g.aps[r*g.cols+c] = append(g.aps[r*g.cols+c], a)
+	}
+	for _, n := range t.Nodes {
+		c, r := g.at(n.Pos)
+		g.nodes[r*g.cols+c] = append(g.nodes[r*g.cols+c], n)
+	}
+	x.grid = g
+	if len(t.Regions) <= 200 {
+		for _, a := range t.Regions {
+			for _, b := range t.Regions {
+				x.hops[[2]string{a.Name, b.Name}] = t.RegionHops(a.Name, b.Name)
+			}
 		}
 	}
 	return x
@@ -240,6 +323,12 @@ func (x *Index) RegionNodes(region string) []Node { return x.byRegin[region] }
 func (x *Index) RegionHops(a, b string) int {
 	if h, ok := x.hops[[2]string{a, b}]; ok {
 		return h
+	}
+	if a == b {
+		return 0
+	}
+	if len(x.hops) == 0 { // too many regions to precompute
+		return x.T.RegionHops(a, b)
 	}
 	return -1
 }
