@@ -385,11 +385,15 @@ func TestRules(t *testing.T) {
 		do   func() error
 		want []linkemu.LinkQueues
 	}{
-		{"install node0", func() error { return linkemu.InstallLink(ns, "node0", 0, 1) }, []linkemu.LinkQueues{{"node0", 0, 1}}},
-		{"install client0", func() error { return linkemu.InstallLink(ns, "client0", 4, 5) }, []linkemu.LinkQueues{{"node0", 0, 1}, {"client0", 4, 5}}},
-		{"reinstall node0", func() error { return linkemu.InstallLink(ns, "node0", 7, 8) }, []linkemu.LinkQueues{{"client0", 4, 5}, {"node0", 7, 8}}},
-		{"remove client0", func() error { return linkemu.RemoveLink(ns, "client0") }, []linkemu.LinkQueues{{"node0", 7, 8}}},
-		{"remove absent", func() error { return linkemu.RemoveLink(ns, "nosuch") }, []linkemu.LinkQueues{{"node0", 7, 8}}},
+		{"install node0", func() error { return linkemu.InstallLink(ns, "node0", 0, 1) }, []linkemu.LinkQueues{{Interface: "node0", Up: 0, Down: 1}}},
+		{"install client0", func() error { return linkemu.InstallLink(ns, "client0", 4, 5) }, []linkemu.LinkQueues{{Interface: "node0", Up: 0, Down: 1}, {Interface: "client0", Up: 4, Down: 5}}},
+		{"reinstall node0", func() error { return linkemu.InstallLink(ns, "node0", 7, 8) }, []linkemu.LinkQueues{{Interface: "client0", Up: 4, Down: 5}, {Interface: "node0", Up: 7, Down: 8}}},
+		{"remove client0", func() error { return linkemu.RemoveLink(ns, "client0") }, []linkemu.LinkQueues{{Interface: "node0", Up: 7, Down: 8}}},
+		{"remove absent", func() error { return linkemu.RemoveLink(ns, "nosuch") }, []linkemu.LinkQueues{{Interface: "node0", Up: 7, Down: 8}}},
+		{"install a client by its addresses", func() error { return linkemu.InstallPrefix(ns, "172.31.3.0/24", 10, 11) },
+			[]linkemu.LinkQueues{{Interface: "node0", Up: 7, Down: 8}, {Prefix: "172.31.3.0/24", Up: 10, Down: 11}}},
+		{"reinstall it", func() error { return linkemu.InstallPrefix(ns, "172.31.3.0/24", 12, 13) },
+			[]linkemu.LinkQueues{{Interface: "node0", Up: 7, Down: 8}, {Prefix: "172.31.3.0/24", Up: 12, Down: 13}}},
 		{"remove all", func() error { return linkemu.RemoveAllLinks(ns) }, nil},
 		{"remove all again", func() error { return linkemu.RemoveAllLinks(ns) }, nil},
 	}

@@ -185,6 +185,8 @@ func TestParseRules(t *testing.T) {
 -A EDGEHOP-LINKS-DOWN -o client0 -j NFQUEUE --queue-num 5 --queue-bypass
 -A EDGEHOP-LINKS-UP -i node0 -j NFQUEUE --queue-num 1 --queue-bypass
 -A EDGEHOP-LINKS-UP -i client0 -j NFQUEUE --queue-num 4 --queue-bypass
+-A EDGEHOP-LINKS-UP -s 172.31.1.0/24 -j NFQUEUE --queue-num 6 --queue-bypass
+-A EDGEHOP-LINKS-DOWN -d 172.31.1.0/24 -j NFQUEUE --queue-num 7 --queue-bypass
 `
 	st, err := parseRules([]byte(out))
 	if err != nil {
@@ -193,9 +195,14 @@ func TestParseRules(t *testing.T) {
 	if !st.chainUp || !st.chainDown || !st.jumpUp || !st.jumpDown {
 		t.Errorf("chains/jumps not all seen: %+v", st)
 	}
-	want := []LinkQueues{{"node0", 1, 0}, {"client0", 4, 5}}
-	if len(st.links) != 2 || st.links[0] != want[0] || st.links[1] != want[1] {
+	want := []LinkQueues{{Interface: "node0", Up: 1}, {Interface: "client0", Up: 4, Down: 5}, {Prefix: "172.31.1.0/24", Up: 6, Down: 7}}
+	if len(st.links) != 3 || st.links[0] != want[0] || st.links[1] != want[1] || st.links[2] != want[2] {
 		t.Errorf("links %+v, want %+v", st.links, want)
+	}
+	// The script writes what parses back.
+	back, err := parseRules([]byte(strings.ReplaceAll(strings.ReplaceAll(st.script(st.links), "*mangle\n", ""), "COMMIT\n", "")))
+	if err != nil || len(back.links) != 3 || back.links[2] != want[2] {
+		t.Errorf("script round trip: %+v, %v", back.links, err)
 	}
 	if _, err := parseRules([]byte("-A EDGEHOP-LINKS-UP -j ACCEPT\n")); err == nil {
 		t.Error("a foreign rule in our chain parsed without error")

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os/exec"
 	"slices"
 	"strconv"
@@ -31,10 +32,41 @@ const (
 	ChainDown = "EDGEHOP-LINKS-DOWN"
 )
 
-// LinkQueues names the two queues of one link's core-side interface.
+// LinkQueues names the two queues of one link: by the core-side
+// interface, or (Prefix set, Interface empty) by the far end's addresses,
+// whichever interface they cross — a client whose access point changes
+// keeps its queues.
 type LinkQueues struct {
 	Interface string
+	Prefix    string // e.g. 172.31.0.0/24: -s in UP, -d in DOWN
 	Up, Down  uint16
+}
+
+// key identifies a link's rules.
+func (l LinkQueues) key() string {
+	if l.Prefix != "" {
+		return "prefix " + l.Prefix
+	}
+	return l.Interface
+}
+
+// InstallPrefix is InstallLink for the traffic from (up) and to (down) the
+// addresses of prefix.
+func InstallPrefix(nsPath, prefix string, up, down uint16) error {
+	if _, err := netip.ParsePrefix(prefix); err != nil {
+		return fmt.Errorf("install link rules: bad prefix %q: %w", prefix, err)
+	}
+	st, err := readRules(nsPath)
+	if err != nil {
+		return fmt.Errorf("install link rules %s: %w", prefix, err)
+	}
+	l := LinkQueues{Prefix: prefix, Up: up, Down: down}
+	links := slices.DeleteFunc(st.links, func(o LinkQueues) bool { return o.key() == l.key() })
+	links = append(links, l)
+	if err := restore(nsPath, st.script(links)); err != nil {
+		return fmt.Errorf("install link rules %s: %w", prefix, err)
+	}
+	return nil
 }
 
 // InstallLink sends the traffic of the core-side interface ifName to queues
@@ -48,7 +80,7 @@ func InstallLink(nsPath, ifName string, up, down uint16) error {
 	if err != nil {
 		return fmt.Errorf("install link rules %s: %w", ifName, err)
 	}
-	links := slices.DeleteFunc(st.links, func(l LinkQueues) bool { return l.Interface == ifName })
+	links := slices.DeleteFunc(st.links, func(l LinkQueues) bool { return l.Prefix == "" && l.Interface == ifName })
 	links = append(links, LinkQueues{Interface: ifName, Up: up, Down: down})
 	if err := restore(nsPath, st.script(links)); err != nil {
 		return fmt.Errorf("install link rules %s: %w", ifName, err)
@@ -62,7 +94,7 @@ func RemoveLink(nsPath, ifName string) error {
 	if err != nil {
 		return fmt.Errorf("remove link rules %s: %w", ifName, err)
 	}
-	links := slices.DeleteFunc(slices.Clone(st.links), func(l LinkQueues) bool { return l.Interface == ifName })
+	links := slices.DeleteFunc(slices.Clone(st.links), func(l LinkQueues) bool { return l.Prefix == "" && l.Interface == ifName })
 	if len(links) == len(st.links) {
 		return nil
 	}
@@ -134,6 +166,11 @@ func (st ruleState) script(links []LinkQueues) string {
 		fmt.Fprintf(&b, "-A POSTROUTING -j %s\n", ChainDown)
 	}
 	for _, l := range links {
+		if l.Prefix != "" {
+			fmt.Fprintf(&b, "-A %s -s %s -j NFQUEUE --queue-num %d --queue-bypass\n", ChainUp, l.Prefix, l.Up)
+			fmt.Fprintf(&b, "-A %s -d %s -j NFQUEUE --queue-num %d --queue-bypass\n", ChainDown, l.Prefix, l.Down)
+			continue
+		}
 		fmt.Fprintf(&b, "-A %s -i %s -j NFQUEUE --queue-num %d --queue-bypass\n", ChainUp, l.Interface, l.Up)
 		fmt.Fprintf(&b, "-A %s -o %s -j NFQUEUE --queue-num %d --queue-bypass\n", ChainDown, l.Interface, l.Down)
 	}
@@ -153,12 +190,12 @@ func readRules(nsPath string) (ruleState, error) {
 func parseRules(out []byte) (ruleState, error) {
 	var st ruleState
 	idx := map[string]int{}
-	link := func(name string) *LinkQueues {
-		i, ok := idx[name]
+	link := func(l LinkQueues) *LinkQueues {
+		i, ok := idx[l.key()]
 		if !ok {
 			i = len(st.links)
-			idx[name] = i
-			st.links = append(st.links, LinkQueues{Interface: name})
+			idx[l.key()] = i
+			st.links = append(st.links, l)
 		}
 		return &st.links[i]
 	}
@@ -173,14 +210,14 @@ func parseRules(out []byte) (ruleState, error) {
 		case len(f) == 4 && f[0] == "-A" && f[1] == "POSTROUTING" && f[2] == "-j" && f[3] == ChainDown:
 			st.jumpDown = true
 		case len(f) >= 2 && f[0] == "-A" && (f[1] == ChainUp || f[1] == ChainDown):
-			ifName, num, err := parseQueueRule(f[2:])
+			l, num, err := parseQueueRule(f[2:])
 			if err != nil {
 				return st, fmt.Errorf("unexpected rule %q: %w", line, err)
 			}
 			if f[1] == ChainUp {
-				link(ifName).Up = num
+				link(l).Up = num
 			} else {
-				link(ifName).Down = num
+				link(l).Down = num
 			}
 		}
 	}
@@ -188,9 +225,10 @@ func parseRules(out []byte) (ruleState, error) {
 }
 
 // parseQueueRule reads "-i IF -j NFQUEUE --queue-num N --queue-bypass"
-// (or -o; iptables omits --queue-num 0).
-func parseQueueRule(f []string) (ifName string, num uint16, err error) {
+// (or -o, or -s/-d PREFIX; iptables omits --queue-num 0).
+func parseQueueRule(f []string) (l LinkQueues, num uint16, err error) {
 	nfq := false
+	var ifName string
 	for i := 0; i < len(f); i++ {
 		switch f[i] {
 		case "-j":
@@ -203,21 +241,27 @@ func parseQueueRule(f []string) (ifName string, num uint16, err error) {
 				ifName = f[i+1]
 				i++
 			}
+		case "-s", "-d":
+			if i+1 < len(f) {
+				l.Prefix = f[i+1]
+				i++
+			}
 		case "--queue-num":
 			if i+1 < len(f) {
 				n, err := strconv.ParseUint(f[i+1], 10, 16)
 				if err != nil {
-					return "", 0, err
+					return l, 0, err
 				}
 				num = uint16(n)
 				i++
 			}
 		}
 	}
-	if ifName == "" || !nfq {
-		return "", 0, errors.New("not an interface NFQUEUE rule")
+	if (ifName == "") == (l.Prefix == "") || !nfq {
+		return l, 0, errors.New("not an interface or prefix NFQUEUE rule")
 	}
-	return ifName, num, nil
+	l.Interface = ifName
+	return l, num, nil
 }
 
 func restore(nsPath, script string) error {
