@@ -16,13 +16,24 @@ import (
 
 // queues returns the NFQUEUE numbers of a member's link: up carries packets
 // from the member into the core, down carries packets to it.
-func (st *State) queues(m Member, isClient bool) (up, down uint16) {
+func (st *State) queues(m Member, kind memberKind) (up, down uint16) {
 	i := m.Index
-	if isClient {
+	switch kind {
+	case clientMember:
 		i += len(st.Nodes)
+	case apMember:
+		i += len(st.Nodes) + len(st.Clients)
 	}
 	return uint16(2 * i), uint16(2*i + 1)
 }
+
+type memberKind int
+
+const (
+	nodeMember memberKind = iota
+	clientMember
+	apMember
+)
 
 func (st *State) linkdSocket() string { return filepath.Join(st.Dir, "core", "linkd.sock") }
 
@@ -35,22 +46,33 @@ func linkParams(l Link) linkemu.Params {
 func setupLinks(st *State, o Options) (Proc, error) {
 	args := []string{"linkd", "--control", st.linkdSocket()}
 	type link struct {
-		m        Member
-		isClient bool
+		m    Member
+		kind memberKind
 	}
 	var links []link
 	for _, m := range st.Nodes {
-		links = append(links, link{m, false})
+		links = append(links, link{m, nodeMember})
 	}
 	for _, m := range st.Clients {
-		links = append(links, link{m, true})
+		links = append(links, link{m, clientMember})
+	}
+	for _, m := range st.APs {
+		links = append(links, link{m, apMember})
 	}
 	for _, l := range links {
-		up, down := st.queues(l.m, l.isClient)
-		if err := linkemu.InstallLink(st.Core.NetNSPath, l.m.Name, up, down); err != nil {
+		up, down := st.queues(l.m, l.kind)
+		var err error
+		if l.kind == clientMember && len(st.APs) > 0 {
+			// Matched by the client's addresses: the queues stay when
+			// its virtual AP moves.
+			err = linkemu.InstallPrefix(st.Core.NetNSPath, ClientPrefix(l.m.Index).String(), up, down)
+		} else {
+			err = linkemu.InstallLink(st.Core.NetNSPath, l.m.Name, up, down)
+		}
+		if err != nil {
 			return Proc{}, fmt.Errorf("%s: %w", l.m.Name, err)
 		}
-		if err := shapeLink(st.Core.NetNSPath, l.m, l.m.Link.RateBps); err != nil {
+		if err := st.shape(l.m, l.kind, l.m.Link.RateBps); err != nil {
 			return Proc{}, fmt.Errorf("%s: %w", l.m.Name, err)
 		}
 		for _, q := range []uint16{up, down} {
@@ -79,22 +101,33 @@ func waitLinkd(ctx context.Context, st *State) error {
 	}
 }
 
-// shapeLink sets the rate of both directions of m's link.
-func shapeLink(coreNS string, m Member, rate uint64) error {
-	ch, err := linux.Handle(coreNS)
+// shape sets the rate of both directions of m's link.
+func (st *State) shape(m Member, kind memberKind, rate uint64) error {
+	nearNS, nearIf, farIf := st.Core.NetNSPath, m.Name, FarIfName
+	switch {
+	case kind == apMember:
+		farIf = apUplink
+	case kind == clientMember && m.AP != "":
+		ap, ok := st.APIndex(m.AP)
+		if !ok {
+			return fmt.Errorf("client %s on unknown access point %q", m.Name, m.AP)
+		}
+		nearNS, nearIf = st.APs[ap].NetNSPath, vapName(m.Index)
+	}
+	nh, err := linux.Handle(nearNS)
 	if err != nil {
 		return err
 	}
-	defer ch.Close()
-	if err := linkemu.Shape(ch, m.Name, rate); err != nil {
-		return fmt.Errorf("shape core side: %w", err)
+	defer nh.Close()
+	if err := linkemu.Shape(nh, nearIf, rate); err != nil {
+		return fmt.Errorf("shape %s: %w", nearIf, err)
 	}
 	fh, err := linux.Handle(m.NetNSPath)
 	if err != nil {
 		return err
 	}
 	defer fh.Close()
-	if err := linkemu.Shape(fh, FarIfName, rate); err != nil {
+	if err := linkemu.Shape(fh, farIf, rate); err != nil {
 		return fmt.Errorf("shape far side: %w", err)
 	}
 	return nil
@@ -105,35 +138,45 @@ func SetLink(ctx context.Context, root, name, member string, l Link) error {
 	if err := l.Validate(); err != nil {
 		return err
 	}
+	return withLock(Dir(root, name), func() error { return setLinkLocked(ctx, root, name, member, l) })
+}
+
+func setLinkLocked(ctx context.Context, root, name, member string, l Link) error {
 	st, err := Load(root, name)
 	if err != nil {
 		return err
 	}
-	isClient := false
+	kind := nodeMember
 	idx := -1
 	for i, m := range st.Nodes {
 		if m.Name == member {
 			idx = i
 		}
 	}
-	if idx < 0 {
-		for i, m := range st.Clients {
-			if m.Name == member {
-				idx, isClient = i, true
-			}
+	for i, m := range st.Clients {
+		if m.Name == member {
+			idx, kind = i, clientMember
+		}
+	}
+	for i, m := range st.APs {
+		if m.Name == member {
+			idx, kind = i, apMember
 		}
 	}
 	if idx < 0 {
-		return fmt.Errorf("unknown node or client %q (see 'edgehop testbed status')", member)
+		return fmt.Errorf("unknown node, client or access point %q (see 'edgehop testbed status')", member)
 	}
 	m := st.Nodes
-	if isClient {
+	switch kind {
+	case clientMember:
 		m = st.Clients
+	case apMember:
+		m = st.APs
 	}
-	if err := shapeLink(st.Core.NetNSPath, m[idx], l.RateBps); err != nil {
+	if err := st.shape(m[idx], kind, l.RateBps); err != nil {
 		return err
 	}
-	up, down := st.queues(m[idx], isClient)
+	up, down := st.queues(m[idx], kind)
 	for _, q := range []uint16{up, down} {
 		if err := linkemu.SetParams(ctx, st.LinkdSock, q, linkParams(l)); err != nil {
 			return fmt.Errorf("set delay: %w", err)

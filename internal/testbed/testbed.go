@@ -52,6 +52,7 @@ type Member struct {
 	Socket    string `json:"socket,omitempty"` // agent's local API
 	API       string `json:"api,omitempty"`    // agent's peer API
 	Range     string `json:"range,omitempty"`  // overlay range (nodes)
+	AP        string `json:"ap,omitempty"`     // clients with APs: the access point its link ends on
 }
 
 // State is what Up recorded about a running testbed; Status returns it.
@@ -61,6 +62,7 @@ type State struct {
 	Core      Member   `json:"core"`
 	Nodes     []Member `json:"nodes"`
 	Clients   []Member `json:"clients"`
+	APs       []Member `json:"aps,omitempty"`
 	Overlay   string   `json:"overlay"`
 	Gateway   string   `json:"gateway"`
 	LinkdSock string   `json:"linkd_socket"`
@@ -152,7 +154,7 @@ func (st *State) Member(name string) (Member, bool) {
 	if name == "core" {
 		return st.Core, true
 	}
-	for _, m := range append(append([]Member{}, st.Nodes...), st.Clients...) {
+	for _, m := range append(append(append([]Member{}, st.Nodes...), st.Clients...), st.APs...) {
 		if m.Name == name {
 			return m, true
 		}
@@ -216,16 +218,29 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 		}
 		st.Nodes = append(st.Nodes, m)
 	}
+	if err := setupAPs(st, spec); err != nil {
+		return nil, err
+	}
 	for i, e := range spec.Clients {
 		m := Member{Name: e.Name, Index: i, NetNS: nsName(spec.Name, e.Name), Address: ClientAddr(i).String(), Link: e.Link}
 		m.NetNSPath = linux.NetNSPath(m.NetNS)
 		if err := linux.NewNetNS(m.NetNSPath); err != nil {
 			return nil, err
 		}
-		if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, ClientCoreAddr(i), ClientAddr(i)); err != nil {
+		st.Clients = append(st.Clients, m)
+		if len(st.APs) == 0 {
+			if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, ClientCoreAddr(i), ClientAddr(i)); err != nil {
+				return nil, fmt.Errorf("link %s: %w", e.Name, err)
+			}
+			continue
+		}
+		ap := 0
+		if e.AP != "" {
+			ap, _ = st.APIndex(e.AP)
+		}
+		if err := attachClient(st, i, ap); err != nil {
 			return nil, fmt.Errorf("link %s: %w", e.Name, err)
 		}
-		st.Clients = append(st.Clients, m)
 	}
 	if err := st.save(); err != nil {
 		return nil, err
