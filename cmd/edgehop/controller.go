@@ -19,6 +19,7 @@ import (
 	"github.com/edgehop/edgehop/internal/pki"
 	"github.com/edgehop/edgehop/internal/radio"
 	"github.com/edgehop/edgehop/internal/store"
+	"github.com/edgehop/edgehop/internal/testbed"
 )
 
 func init() {
@@ -56,6 +57,9 @@ func runController(ctx context.Context, args []string) error {
 	}
 	cfg := controller.Config{Topology: fc.Topology, Radio: rm, Store: st, Agents: controller.SocketAgents(fc.Agents),
 		HeartbeatTimeout: time.Duration(fc.HeartbeatTimeoutMs) * time.Millisecond, Log: log}
+	if fc.Testbed != nil {
+		cfg.Access = testbed.Access{Root: fc.Testbed.Root, Name: fc.Testbed.Name}
+	}
 	c, err := controller.New(ctx, cfg)
 	if err != nil {
 		return err

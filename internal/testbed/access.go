@@ -250,11 +250,8 @@ type Access struct {
 }
 
 // Handoff implements controller.Access.
+// A first attachment (from "") moves the client from the AP the testbed
+// wired it to, if that is not the chosen one.
 func (a Access) Handoff(ctx context.Context, user, from, to string) (time.Duration, error) {
-	if from == "" {
-		// First attachment: the client is already wired to some AP;
-		// move it if that is not the chosen one.
-		return Handoff(ctx, a.Root, a.Name, user, to)
-	}
 	return Handoff(ctx, a.Root, a.Name, user, to)
 }

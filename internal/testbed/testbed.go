@@ -249,11 +249,14 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("link emulation: %w", err)
 	}
-	agents, err := prepareAgents(st, o)
+	agents, ctl, err := prepareAgents(st, o)
 	if err != nil {
 		return nil, err
 	}
-	if err := startSupervisor(st, o.Binary, append([]Proc{linkd}, agents...)); err != nil {
+	if err := st.save(); err != nil {
+		return nil, err
+	}
+	if err := startSupervisor(st, o.Binary, append(append([]Proc{linkd}, agents...), ctl)); err != nil {
 		return nil, fmt.Errorf("start supervisor: %w", err)
 	}
 	if err := waitLinkd(ctx, st); err != nil {
@@ -264,6 +267,9 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 		if err := waitAgent(ctx, sock, p.Log, p.PIDFile); err != nil {
 			return nil, fmt.Errorf("agent %s: %w", p.Name, err)
 		}
+	}
+	if err := waitController(ctx, st); err != nil {
+		return nil, err
 	}
 	log.Info("testbed up", "name", st.Name, "nodes", len(st.Nodes), "clients", len(st.Clients))
 	return st, st.save()
@@ -305,7 +311,7 @@ func agentConfigs(st *State, o Options) []agent.Config {
 
 // prepareAgents writes every agent's configuration and certificate and
 // returns the agent processes to start.
-func prepareAgents(st *State, o Options) ([]Proc, error) {
+func prepareAgents(st *State, o Options) ([]Proc, Proc, error) {
 	cfgs := agentConfigs(st, o)
 	nsOf := map[string]string{"core": st.Core.NetNSPath}
 	for _, n := range st.Nodes {
@@ -318,25 +324,32 @@ func prepareAgents(st *State, o Options) ([]Proc, error) {
 	// stream. The CA key stays in the testbed's own directory.
 	ca, err := pki.NewCA(filepath.Join(st.Dir, "ca"))
 	if err != nil {
-		return nil, fmt.Errorf("testbed CA: %w", err)
+		return nil, Proc{}, fmt.Errorf("testbed CA: %w", err)
 	}
 	var procs []Proc
 	for _, c := range cfgs {
 		if err := ca.Issue(c.TLSDir, c.Node, []net.IP{c.VTEP.AsSlice()}); err != nil {
-			return nil, fmt.Errorf("certificate for %s: %w", c.Node, err)
+			return nil, Proc{}, fmt.Errorf("certificate for %s: %w", c.Node, err)
 		}
 		if err := os.MkdirAll(c.StateDir, 0o755); err != nil {
-			return nil, err
+			return nil, Proc{}, err
+		}
+		if c.Role == agent.RoleNode {
+			c.Controller = agentControllerURL()
 		}
 		b, _ := json.MarshalIndent(c, "", "  ")
 		cfgPath := filepath.Join(c.StateDir, "agent.json")
 		if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
-			return nil, err
+			return nil, Proc{}, err
 		}
 		procs = append(procs, Proc{Name: "agent " + c.Node, NetNS: nsOf[c.Node], Args: []string{o.Binary, "agent", "--config", cfgPath}, Env: o.AgentEnv[c.Node],
 			Log: filepath.Join(c.StateDir, "agent.log"), PIDFile: filepath.Join(c.StateDir, "agent.pid")})
 	}
-	return procs, nil
+	ctl, err := prepareController(st, o, ca)
+	if err != nil {
+		return nil, Proc{}, err
+	}
+	return procs, ctl, nil
 }
 
 // spawn starts binary in the namespace nsPath, detached in its own session,
