@@ -152,6 +152,11 @@ func (e *Engine) Measurements(node string, neighbours, users map[string]float64)
 			if us.RTTMs == nil {
 				us.RTTMs = map[string]float64{}
 			}
+			// Smoothed: one sample taken while a migration fills a link
+			// must not move a service.
+			if old, ok := us.RTTMs[node]; ok {
+				r = rttWeight*r + (1-rttWeight)*old
+			}
 			us.RTTMs[node] = r
 		}
 	}
@@ -170,6 +175,9 @@ func (e *Engine) UserRTTs(user string, rtts map[string]float64) error {
 	u.RTTMs = rtts
 	return nil
 }
+
+// rttWeight is the weight of a new RTT sample in the moving average.
+const rttWeight = 0.5
 
 // Tick marks nodes whose heartbeat is older than the timeout as dead.
 func (e *Engine) Tick(now time.Time) (died []string) {

@@ -289,14 +289,18 @@ func towardsBest(v View, c Config, d Decision, why string) Decision {
 	return d
 }
 
-// userLatency is the latency the user sees: its own report, else the
-// serving node's measured RTT.
+// userLatency is the latency to the user: the serving node's measured RTT
+// (Foglets: "continuously monitored through ping messages"), else the
+// device's own report. Comparing it with the other nodes' RTTs compares
+// like with like; a device's request latency adds the service's own time.
 func userLatency(v View) (float64, bool) {
+	if r, ok := v.User.RTTMs[v.Service.Node]; ok {
+		return r, true
+	}
 	if v.User.LatencyMs > 0 {
 		return v.User.LatencyMs, true
 	}
-	r, ok := v.User.RTTMs[v.Service.Node]
-	return r, ok
+	return 0, false
 }
 
 // latency: ARNAB Sec. 4.3, "the latency can be measured between the user

@@ -173,8 +173,10 @@ func setLinkLocked(ctx context.Context, root, name, member string, l Link) error
 	case apMember:
 		m = st.APs
 	}
-	if err := st.shape(m[idx], kind, l.RateBps); err != nil {
-		return err
+	if m[idx].Link.RateBps != l.RateBps {
+		if err := st.shape(m[idx], kind, l.RateBps); err != nil {
+			return err
+		}
 	}
 	up, down := st.queues(m[idx], kind)
 	for _, q := range []uint16{up, down} {
