@@ -20,7 +20,7 @@ import (
 // How often the agent reports to the controller and measures RTTs.
 const (
 	heartbeatEvery = time.Second
-	measureEvery   = 2 * time.Second
+	measureEvery   = time.Second
 )
 
 // reporter sends the controller this node's heartbeats and measurements

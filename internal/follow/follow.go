@@ -39,6 +39,9 @@ type Config struct {
 	// of load each.
 	Keys, ValueSize, Conns int
 	Model                  world.Model
+	// Sequential measures the three placements on three walks, one at a
+	// time, so their loads do not share the machine; otherwise at once.
+	Sequential bool
 	// ReportDir receives report.json and report.html ("" : none).
 	ReportDir string
 	Progress  func(line string)
@@ -90,6 +93,9 @@ type Report struct {
 	ReportJSON   string             `json:"report_json,omitempty"`
 	ReportHTML   string             `json:"report_html,omitempty"`
 	Started      time.Time          `json:"started"`
+	// Sequential: the three placements were measured on three walks, one
+	// at a time; otherwise at once, on one walk.
+	Sequential bool `json:"sequential"`
 	ElapsedS     float64            `json:"elapsed_s"`
 }
 
@@ -232,103 +238,64 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		pc.MinOps = base / 2
 		say("throughput next to the origin: %.0f op/s; the policy migrates under %.0f op/s", base, pc.MinOps)
 	}
-	if _, err := ctl.AddService(ctx, controller.AddServiceRequest{Name: followed, User: user, Node: origin.Name, Policy: pc}); err != nil {
-		return nil, fmt.Errorf("controller: %w", err)
-	}
-	if err := waitMeasured(ctx, ctl, cfg.Nodes); err != nil {
-		return nil, err
-	}
-
-	// The loads run from the user's device the whole walk.
 	walk := mobility.Walk(start, topo.Point{X: float64(cfg.Nodes) * cfg.Width}, cfg.Speed)
-	t0 := time.Now()
-	lctx, stopLoad := context.WithCancel(ctx)
-	defer stopLoad()
-	loads := map[string]*Load{}
-	var wg sync.WaitGroup
-	errc := make(chan error, 3)
-	for _, name := range []string{followed, fixedOrig, fixedDest} {
-		l := &Load{Name: name}
-		loads[name] = l
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := l.Run(lctx, client.NetNSPath, addrs[name], cfg.Conns, cfg.Keys, cfg.ValueSize, t0); err != nil {
-				errc <- err
-			}
-		}()
+	rep = &Report{Testbed: cfg.Name, Policy: pc, WalkMetres: float64(cfg.Nodes) * cfg.Width, WalkSeconds: walk.Duration().Seconds(),
+		Started: started.UTC(), Sequential: cfg.Sequential, Series: map[string][]Sample{}}
+	follow := func() error {
+		if _, err := ctl.AddService(ctx, controller.AddServiceRequest{Name: followed, User: user, Node: origin.Name, Policy: pc}); err != nil {
+			return fmt.Errorf("controller: %w", err)
+		}
+		return waitMeasured(ctx, ctl, cfg.Nodes)
 	}
-	// The device reports what it measures of the followed service.
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		reportLoop(lctx, ctl, loads[followed])
-	}()
-	rep = &Report{Testbed: cfg.Name, Policy: pc, WalkMetres: float64(cfg.Nodes) * cfg.Width, WalkSeconds: walk.Duration().Seconds(), Started: started.UTC()}
+	// The loads run from the user's device for the whole walk: all three
+	// at once, or (Sequential) one walk each, the followed one last so the
+	// controller follows only during its own walk.
+	groups := [][]string{{followed, fixedOrig, fixedDest}}
+	if cfg.Sequential {
+		groups = [][]string{{fixedOrig}, {fixedDest}, {followed}}
+	}
+	var t0 time.Time
 	var track []TrackPoint
-	werr := world.Run(ctx, world.Config{Root: cfg.Root, Testbed: cfg.Name, Plane: plane, Model: cfg.Model,
-		Users: map[string]mobility.Trace{user: walk}, Controller: ctl, Tick: 500 * time.Millisecond,
-		OnTick: func(el time.Duration, pos map[string]topo.Point) {
-			p := pos[user]
-			tp := TrackPoint{T: el.Seconds(), X: p.X, Y: p.Y}
-			if u, err := ctl.Users(ctx); err == nil && len(u) > 0 {
-				tp.AP = u[0].AP
-			}
-			if ss, err := ctl.Services(ctx); err == nil {
-				for _, s := range ss {
-					if s.Name == followed {
-						tp.Node = s.Node
-						if s.Migrating != "" {
-							tp.Node += " (migrating)"
-						}
-					}
-				}
-			}
-			track = append(track, tp)
-			last := loads[followed].Series()
-			ops := 0.0
-			if len(last) > 0 {
-				ops = last[len(last)-1].Ops
-			}
-			say("t=%5.1fs  user at x=%4.0f m on %-4s  redis on %-16s %6.0f op/s", tp.T, p.X, tp.AP, tp.Node, ops)
-		}})
-	// A migration under way when the walk ends finishes before the load
-	// stops.
-	waitIdle(ctx, ctl, 2*time.Minute)
-	stopLoad()
-	wg.Wait()
-	close(errc)
-	for e := range errc {
-		err = errors.Join(err, e)
-	}
-	if werr != nil {
-		return rep, errors.Join(err, werr)
-	}
-	rep.Track = track
-	rep.Series = map[string][]Sample{}
-	for name, l := range loads {
-		rep.Series[name] = l.Series()
-		for _, e := range l.Errors() {
-			rep.ClientErrors++
-			if len(rep.ErrorSamples) < 10 {
-				rep.ErrorSamples = append(rep.ErrorSamples, name+": "+e)
+	verifiers := map[string]*Load{}
+	for _, names := range groups {
+		if names[0] == followed {
+			if err := follow(); err != nil {
+				return nil, err
 			}
 		}
+		if len(groups) > 1 {
+			say("walk with redis %s", names[0])
+		}
+		var lerr error
+		var loads map[string]*Load
+		t0, track, loads, lerr = walkOnce(ctx, cfg, ctl, plane, walk, client.NetNSPath, addrs, names, say)
+		for name, l := range loads {
+			verifiers[name] = l
+			rep.Series[name] = l.Series()
+			for _, e := range l.Errors() {
+				rep.ClientErrors++
+				if len(rep.ErrorSamples) < 10 {
+					rep.ErrorSamples = append(rep.ErrorSamples, name+": "+e)
+				}
+			}
+		}
+		if lerr != nil {
+			return rep, lerr
+		}
 	}
+	rep.Track = track
 	walkEnd := walk.Duration().Seconds()
 	rep.Throughput = Throughput{WithMigration: meanOps(rep.Series[followed], walkEnd), FixedOrigin: meanOps(rep.Series[fixedOrig], walkEnd), FixedDestination: meanOps(rep.Series[fixedDest], walkEnd)}
 	rep.LatencyMs = Throughput{WithMigration: meanLat(rep.Series[followed], walkEnd), FixedOrigin: meanLat(rep.Series[fixedOrig], walkEnd), FixedDestination: meanLat(rep.Series[fixedDest], walkEnd)}
 	rep.GainPct = Gain{VsOrigin: pct(rep.Throughput.WithMigration, rep.Throughput.FixedOrigin), VsDestination: pct(rep.Throughput.WithMigration, rep.Throughput.FixedDestination)}
 	// The data: every key preloaded or acknowledged is there.
-	svcs, _ := ctl.Services(ctx)
 	rep.DataVerified = true
-	for name, l := range loads {
+	for name, l := range verifiers {
 		if verr := l.Verify(ctx, client.NetNSPath, addrs[name], cfg.Keys, cfg.ValueSize); verr != nil {
 			rep.DataVerified = false
 			err = errors.Join(err, verr)
 		}
 	}
-	_ = svcs
 	if herr := history(ctx, ctl, t0, rep); herr != nil {
 		err = errors.Join(err, herr)
 	}
@@ -544,7 +511,84 @@ func (r *Report) Summary() string {
 // redis following under the throughput policy (H-Container: migrate when
 // the throughput falls under a threshold; here half of what the user sees
 // next to the origin).
+//
+// As in H-Container, only the distance to the node adds latency: the
+// access link and the nodes' base delay are left at zero, so the user sees
+// the path's own RTT next to a node and 20 ms more 1 km away.
 func BenchConfig() Config {
-	return Config{Name: "follow", Nodes: 2, APsPer: 2, Width: 500, Speed: 10, Keys: 20_000, ValueSize: 1000, Conns: 4,
-		Model: world.DefaultModel(), Policy: policy.Config{Kind: policy.KindThroughput, MinDwell: 5 * time.Second}}
+	m := world.DefaultModel()
+	m.NodeBase, m.AccessBase, m.AccessPer100m = 0, 0, 0
+	return Config{Name: "follow", Nodes: 2, APsPer: 2, Width: 500, Speed: 10, Keys: 20_000, ValueSize: 1000, Conns: 4, Sequential: true,
+		Model: m, Policy: policy.Config{Kind: policy.KindThroughput, MinDwell: 5 * time.Second}}
+}
+
+// walkOnce walks the user once with a load on each of names and returns
+// the walk's time origin, the track and the loads (stopped).
+func walkOnce(ctx context.Context, cfg Config, ctl *controller.Client, plane topo.Topology, walk mobility.Trace, ns string,
+	addrs map[string]string, names []string, say func(string, ...any)) (time.Time, []TrackPoint, map[string]*Load, error) {
+	t0 := time.Now()
+	lctx, stopLoad := context.WithCancel(ctx)
+	defer stopLoad()
+	loads := map[string]*Load{}
+	var wg sync.WaitGroup
+	errc := make(chan error, len(names))
+	for _, name := range names {
+		l := &Load{Name: name}
+		loads[name] = l
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := l.Run(lctx, ns, addrs[name], cfg.Conns, cfg.Keys, cfg.ValueSize, t0); err != nil {
+				errc <- err
+			}
+		}()
+	}
+	shown := names[0]
+	if l, ok := loads[followed]; ok {
+		shown = followed
+		// The device reports what it measures of the followed service.
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			reportLoop(lctx, ctl, l)
+		}()
+	}
+	var track []TrackPoint
+	werr := world.Run(ctx, world.Config{Root: cfg.Root, Testbed: cfg.Name, Plane: plane, Model: cfg.Model,
+		Users: map[string]mobility.Trace{user: walk}, Controller: ctl, Tick: 500 * time.Millisecond,
+		OnTick: func(el time.Duration, pos map[string]topo.Point) {
+			p := pos[user]
+			tp := TrackPoint{T: el.Seconds(), X: p.X, Y: p.Y}
+			if u, err := ctl.Users(ctx); err == nil && len(u) > 0 {
+				tp.AP = u[0].AP
+			}
+			if ss, err := ctl.Services(ctx); err == nil {
+				for _, s := range ss {
+					if s.Name == followed {
+						tp.Node = s.Node
+						if s.Migrating != "" {
+							tp.Node += " (migrating)"
+						}
+					}
+				}
+			}
+			track = append(track, tp)
+			last := loads[shown].Series()
+			ops := 0.0
+			if len(last) > 0 {
+				ops = last[len(last)-1].Ops
+			}
+			say("t=%5.1fs  user at x=%4.0f m on %-4s  redis on %-16s %6.0f op/s", tp.T, p.X, tp.AP, tp.Node, ops)
+		}})
+	// A migration under way when the walk ends finishes before the load
+	// stops.
+	waitIdle(ctx, ctl, 2*time.Minute)
+	stopLoad()
+	wg.Wait()
+	close(errc)
+	var err error
+	for e := range errc {
+		err = errors.Join(err, e)
+	}
+	return t0, track, loads, errors.Join(err, werr)
 }
