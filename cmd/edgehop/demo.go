@@ -21,8 +21,8 @@ func init() {
 // followFlags are the flags demo and bench follow share.
 type followFlags struct {
 	root, images, reports, kind *string
-	speed, threshold           *float64
-	asJSON, verbose            *bool
+	speed, threshold            *float64
+	asJSON, verbose             *bool
 }
 
 func registerFollow(fs *flag.FlagSet, def follow.Config) followFlags {

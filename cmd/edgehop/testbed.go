@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -144,7 +145,7 @@ func testbedStatus(args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	st, err := tb.load()
+	st, err := testbed.Status(tb.root, tb.name)
 	if err != nil {
 		return err
 	}
@@ -158,13 +159,23 @@ func testbedStatus(args []string) error {
 func printStatus(st *testbed.State) {
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintf(w, "testbed %s\toverlay %s\tgateway %s\n", st.Name, st.Overlay, st.Gateway)
-	fmt.Fprintln(w, "ROLE\tNAME\tNETNS\tADDRESS\tRATE\tDELAY\tJITTER\tLOSS")
+	if st.Controller.URL != "" {
+		fmt.Fprintf(w, "controller %s\t(dashboard and API)\n", st.Controller.URL)
+	}
+	fmt.Fprintln(w, "ROLE\tNAME\tNETNS\tADDRESS\tRATE\tDELAY\tJITTER\tLOSS\tAGENT PID\tAP")
 	row := func(role string, m testbed.Member) {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%v\t%v\t%g\n", role, m.Name, m.NetNS, m.Address,
-			units.FormatRate(m.Link.RateBps), m.Link.Delay, m.Link.Jitter, m.Link.Loss)
+		pid := "-"
+		if m.AgentPID > 0 {
+			pid = strconv.Itoa(m.AgentPID)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%v\t%v\t%g\t%s\t%s\n", role, m.Name, m.NetNS, m.Address,
+			units.FormatRate(m.Link.RateBps), m.Link.Delay, m.Link.Jitter, m.Link.Loss, pid, m.AP)
 	}
 	for _, m := range st.Nodes {
 		row("node", m)
+	}
+	for _, m := range st.APs {
+		row("ap", m)
 	}
 	for _, m := range st.Clients {
 		row("client", m)

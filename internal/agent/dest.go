@@ -540,7 +540,13 @@ func (in *incoming) destroy(ctx context.Context) error {
 	}
 	a.killRuncFor(name)
 	err := a.destroy(context.WithoutCancel(ctx), name)
-	for _, d := range []string{name + "-in", name + "-in-work", name + "-store"} {
+	dirs := []string{name + "-in", name + "-in-work", name + "-store"}
+	// A stream cut short leaves its partial directory (transfer.RecvDir).
+	partial, _ := filepath.Glob(filepath.Join(a.scratchDir(), "."+name+"-in.partial-*"))
+	for _, p := range partial {
+		dirs = append(dirs, filepath.Base(p))
+	}
+	for _, d := range dirs {
 		if rerr := os.RemoveAll(filepath.Join(a.scratchDir(), d)); rerr != nil {
 			err = errors.Join(err, rerr)
 		}

@@ -28,7 +28,9 @@ func Down(ctx context.Context, root, name string, log *slog.Logger) error {
 	nsPaths, _ := filepath.Glob(linux.NetNSPath(nsName(name, "*")))
 	var errs []error
 
-	// 1. Agents first, so nothing restarts or re-announces containers.
+	// 0. The supervisor stops restarting what dies (it keeps reaping).
+	signalPidFile(filepath.Join(dir, "supervisor.pid"), syscall.SIGUSR1)
+	// 1. Agents first, so nothing re-announces containers.
 	pidFiles, _ := filepath.Glob(filepath.Join(dir, "*", "*.pid"))
 	more, _ := filepath.Glob(filepath.Join(dir, "nodes", "*", "*.pid"))
 	pidFiles = append(pidFiles, more...)
@@ -66,6 +68,18 @@ func Down(ctx context.Context, root, name string, log *slog.Logger) error {
 	}
 	log.Info("testbed down", "name", name, "namespaces", len(nsPaths))
 	return nil
+}
+
+// signalPidFile sends sig to the live process of a pid file.
+func signalPidFile(pf string, sig syscall.Signal) {
+	b, err := os.ReadFile(pf)
+	if err != nil || !alive(pf) {
+		return
+	}
+	var pid int
+	if _, err := fmt.Sscan(strings.TrimSpace(string(b)), &pid); err == nil && pid > 1 {
+		_ = syscall.Kill(pid, sig)
+	}
 }
 
 func killPidFile(pf string) {

@@ -53,6 +53,9 @@ type Member struct {
 	API       string `json:"api,omitempty"`    // agent's peer API
 	Range     string `json:"range,omitempty"`  // overlay range (nodes)
 	AP        string `json:"ap,omitempty"`     // clients with APs: the access point its link ends on
+	// AgentPID is the live pid of the member's agent (0: none running),
+	// filled by Status.
+	AgentPID int `json:"agent_pid,omitempty"`
 }
 
 // State is what Up recorded about a running testbed; Status returns it.
@@ -75,8 +78,9 @@ type State struct {
 
 // ControllerRef is where a testbed's controller serves.
 type ControllerRef struct {
-	URL      string `json:"url"`       // operator API and dashboard, from the root namespace
-	AgentURL string `json:"agent_url"` // agents' heartbeats (mutual TLS), from the nodes
+	URL      string `json:"url"`           // operator API and dashboard, from the root namespace
+	AgentURL string `json:"agent_url"`     // agents' heartbeats (mutual TLS), from the nodes
+	PID      int    `json:"pid,omitempty"` // filled by Status
 }
 
 // Errors callers branch on.
@@ -112,6 +116,31 @@ func (st *State) save() error {
 		return err
 	}
 	return linux.WriteFileAtomic(filepath.Join(st.Dir, "testbed.json"), b, 0o644)
+}
+
+// Status is Load with the live process ids filled in: each agent's (from
+// its pid file, 0 when it is not running) and the controller's.
+func Status(root, name string) (*State, error) {
+	st, err := Load(root, name)
+	if err != nil {
+		return nil, err
+	}
+	st.Core.AgentPID = livePID(filepath.Join(st.Core.StateDir, "agent.pid"))
+	for i := range st.Nodes {
+		st.Nodes[i].AgentPID = livePID(filepath.Join(st.Nodes[i].StateDir, "agent.pid"))
+	}
+	st.Controller.PID = livePID(filepath.Join(st.controllerDir(), "controller.pid"))
+	return st, nil
+}
+
+// livePID reads a pid file and returns the pid if that process is alive.
+func livePID(path string) int {
+	if !alive(path) {
+		return 0
+	}
+	b, _ := os.ReadFile(path)
+	pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	return pid
 }
 
 // Node returns the node member called name.
