@@ -5,6 +5,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"strings"
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/vishvananda/netlink"
@@ -37,6 +38,33 @@ func setupCore(coreNS string) error {
 		return err
 	}
 	return h.AddrAdd(lo, &netlink.Addr{IPNet: ipNet(CoreVTEP, 32)})
+}
+
+// guardRules keep clients and containers away from the agents' and the
+// controller's ports: whatever arrives at the core from a client's link (or
+// an access point's) or from the overlay (br0, the gateway's bridge)
+// towards those ports is refused with a reset, on the core itself (INPUT)
+// and on its way to a node (FORWARD). Nodes reach each other and the core
+// through their own links, which the rules do not match.
+func guardRules(agentPorts string) string {
+	var b strings.Builder
+	b.WriteString("*filter\n:EDGEHOP-GUARD - [0:0]\n-I INPUT -j EDGEHOP-GUARD\n-I FORWARD -j EDGEHOP-GUARD\n")
+	for _, in := range []string{"client+", "ap+", "br0"} {
+		fmt.Fprintf(&b, "-A EDGEHOP-GUARD -i %s -p tcp -m multiport --dports %s -j REJECT --reject-with tcp-reset\n", in, agentPorts)
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// guardCore installs guardRules in the core.
+func guardCore(coreNS string) error {
+	ports := fmt.Sprintf("%d,%d,%d", AgentPort, MigratePort, ControllerAgentPort)
+	cmd := linux.Command(coreNS, "iptables-restore", "-w", "--noflush")
+	cmd.Stdin = strings.NewReader(guardRules(ports))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("guard agent ports: %v: %s", err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 // tuneNetNS raises the TCP buffer limits inside a namespace so that one

@@ -233,6 +233,9 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 	if err := setupCore(st.Core.NetNSPath); err != nil {
 		return nil, fmt.Errorf("core: %w", err)
 	}
+	if err := guardCore(st.Core.NetNSPath); err != nil {
+		return nil, fmt.Errorf("core: %w", err)
+	}
 	for i, e := range spec.Nodes {
 		m := Member{Name: e.Name, Index: i, NetNS: nsName(spec.Name, e.Name), Address: NodeAddr(i).String(), Link: e.Link,
 			StateDir: filepath.Join(dir, "nodes", e.Name), Range: NodeRange(i).String()}

@@ -1,0 +1,110 @@
+package e2e
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/testbed"
+	"net/netip"
+)
+
+// dialFrom connects to addr from inside the namespace at ns.
+func dialFrom(ns, addr string) (net.Conn, error) {
+	var c net.Conn
+	err := linux.InNetNS(ns, func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", addr, 3*time.Second)
+		return err
+	})
+	return c, err
+}
+
+// TestClientCannotDriveNodes: from a client's namespace no agent port of
+// any node, nor the core's, nor the controller's agent port, accepts a
+// connection; a node without a certificate gets no answer from a peer's
+// API; a node's certificate cannot rewrite another node's endpoints; and
+// the operator's routes are not served over TCP at all.
+func TestClientCannotDriveNodes(t *testing.T) {
+	e := newEnv(t)
+	spec := testbed.DefaultSpec(e.name, 3, 1)
+	st := e.upAPI(spec, testbed.Options{})
+	var c ctr
+	e.mustJSON(&c, "run", "--node", "node0", "--name", "p", "--image", "probe", "--json")
+
+	targets := []string{net.JoinHostPort(testbed.CoreVTEP.String(), fmt.Sprint(testbed.AgentPort)),
+		net.JoinHostPort(testbed.CoreVTEP.String(), fmt.Sprint(testbed.ControllerAgentPort))}
+	for _, n := range st.Nodes {
+		targets = append(targets, net.JoinHostPort(n.Address, fmt.Sprint(testbed.AgentPort)), net.JoinHostPort(n.Address, fmt.Sprint(testbed.MigratePort)))
+	}
+	for _, addr := range targets {
+		conn, err := dialFrom(st.Clients[0].NetNSPath, addr)
+		if err == nil {
+			conn.Close()
+			t.Errorf("client0 connected to %s", addr)
+			continue
+		}
+		if !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Errorf("client0 to %s: %v, want connection refused", addr, err)
+		}
+	}
+	// Nodes still reach each other's peer API (that is how they learn
+	// endpoints): node2, with its certificate, reads node0's.
+	node2TLS := filepath.Join(st.Nodes[2].StateDir, "tls")
+	var eps []api.Endpoint
+	// Every connection is opened inside node2's namespace.
+	dial := nsDialer{st.Nodes[2].NetNSPath}.DialContext
+	err := func() (err error) {
+		cfg, err := pki.ClientConfig(node2TLS, "node0")
+		if err != nil {
+			return err
+		}
+		cl := api.NewTCPClient(st.Nodes[0].API, &http.Client{Timeout: 3 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg, DialContext: dial}})
+		ctx := context.Background()
+		if eps, err = cl.Endpoints(ctx); err != nil {
+			return fmt.Errorf("endpoints: %w", err)
+		}
+		// node2 cannot say node1's endpoints live at node1's VTEP.
+		ip := netip.MustParseAddr("10.200.2.77")
+		forged := api.Endpoint{Name: "x", IP: ip.String(), MAC: netplane.MACFor(ip).String(), VTEP: st.Nodes[1].Address, Node: "node1"}
+		if err := cl.Announce(ctx, forged); !errors.Is(err, api.ErrForbidden) {
+			return fmt.Errorf("a forged announcement: %v, want forbidden", err)
+		}
+		// The operator's routes do not exist on the peer API.
+		for _, p := range []string{"/v1/containers", "/v1/migrations"} {
+			if err := cl.Do(ctx, http.MethodPost, p, map[string]string{"name": "evil", "image": "probe"}, nil); err == nil {
+				return fmt.Errorf("POST %s on the peer API succeeded", p)
+			}
+		}
+		// Without a certificate the handshake fails.
+		plain := api.NewTCPClient(st.Nodes[0].API, &http.Client{Timeout: 3 * time.Second,
+			Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, DialContext: dial}})
+		if _, err := plain.Endpoints(ctx); err == nil {
+			return errors.New("a client without a certificate read the endpoints")
+		}
+		return nil
+	}()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(eps) != 1 || eps[0].Name != "p" {
+		t.Errorf("node0's endpoints as node2 reads them: %+v", eps)
+	}
+	// Nothing was created or moved anywhere.
+	out := e.must("ps", "--json")
+	if strings.Count(out, `"name"`) != 1 {
+		t.Errorf("ps after the attempts: %s", out)
+	}
+}
