@@ -137,6 +137,28 @@ func (a *Agent) operatorHandler() http.Handler {
 	mux.HandleFunc("GET /v1/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.Endpoints())
 	})
+	// An operator may place endpoints of workloads it runs itself (the
+	// podman baseline of 'bench continuity' does).
+	operatorFDB := func(apply func(api.Endpoint) error) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			var e api.Endpoint
+			if err := decode(r, &e); err != nil {
+				writeErr(w, err)
+				return
+			}
+			if err := a.checkOperatorEndpoint(e); err != nil {
+				writeErr(w, err)
+				return
+			}
+			if err := apply(e); err != nil {
+				writeErr(w, err)
+				return
+			}
+			w.WriteHeader(http.StatusNoContent)
+		}
+	}
+	mux.HandleFunc("PUT /v1/fdb", operatorFDB(a.learn))
+	mux.HandleFunc("DELETE /v1/fdb", operatorFDB(a.forget))
 	mux.Handle("GET /metrics", a.metrics.handler())
 	return mux
 }
@@ -230,6 +252,27 @@ func (a *Agent) checkAnnouncement(from Peer, e api.Endpoint) error {
 	if e.VTEP != from.VTEP.String() {
 		return fmt.Errorf("%w: %s announced VTEP %q, its own is %s", ErrForbidden, from.Name, e.VTEP, from.VTEP)
 	}
+	return a.checkEndpoint(e)
+}
+
+// checkOperatorEndpoint accepts an endpoint an operator places by hand
+// (a workload edgehop does not run, wired into the overlay): it must live
+// at this node's VTEP or a configured peer's.
+func (a *Agent) checkOperatorEndpoint(e api.Endpoint) error {
+	known := e.VTEP == a.cfg.VTEP.String()
+	for _, p := range a.cfg.Peers {
+		known = known || (p.Migrate != "" && e.VTEP == p.VTEP.String())
+	}
+	if !known {
+		return fmt.Errorf("%w: endpoint VTEP %q is neither %s's nor a peer node's", ErrInvalid, e.VTEP, a.cfg.Node)
+	}
+	return a.checkEndpoint(e)
+}
+
+// checkEndpoint checks an endpoint's name, that its address is a
+// service address of the overlay and that its MAC is the one derived
+// from that address.
+func (a *Agent) checkEndpoint(e api.Endpoint) error {
 	if !containerNameRE.MatchString(e.Name) {
 		return fmt.Errorf("%w: endpoint name %q", ErrInvalid, e.Name)
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/runc"
 )
 
 // peerAPI serves node0's peer API over real mutual TLS with a testbed-like
@@ -181,5 +182,49 @@ func TestValidatePrepare(t *testing.T) {
 	}
 	if err := p.a.validatePrepare(ok, "core"); err == nil {
 		t.Error("a prepare from the gateway accepted")
+	}
+}
+
+func TestDumpIDs(t *testing.T) {
+	type ids struct{ u, g [3]int }
+	same := func(u, g int) ids { return ids{[3]int{u, u, u}, [3]int{g, g, g}} }
+	cases := []struct {
+		name  string
+		procs []ids
+		want  *runc.IDs
+		err   string
+	}{
+		{"root service", []ids{same(0, 0), same(0, 0)}, nil, ""},
+		{"one non-root user", []ids{same(65534, 65534)}, &runc.IDs{UID: 65534, GID: 65534}, ""},
+		{"dropped to its user after start", []ids{same(101, 102), same(101, 102)}, &runc.IDs{UID: 101, GID: 102}, ""},
+		{"root group, user not", []ids{same(100, 0)}, &runc.IDs{UID: 100, GID: 0}, ""},
+		{"root master with workers", []ids{same(0, 0), same(33, 33)}, nil, "different users"},
+		{"workers differ in group", []ids{same(33, 33), same(33, 34)}, nil, "different users"},
+		{"setuid half done", []ids{{[3]int{0, 100, 0}, [3]int{0, 0, 0}}}, nil, "real, effective and saved ids differ"},
+		{"nothing readable", nil, nil, ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			pids := make([]int, len(c.procs))
+			for i := range pids {
+				pids[i] = i + 1
+			}
+			got, err := dumpIDs("svc", pids, 0, 0, func(pid int) ([3]int, [3]int, error) {
+				p := c.procs[pid-1]
+				return p.u, p.g, nil
+			})
+			if c.err != "" {
+				if err == nil || !strings.Contains(err.Error(), c.err) || !errors.Is(err, ErrInvalid) {
+					t.Fatalf("err = %v, want ErrInvalid containing %q", err, c.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if (got == nil) != (c.want == nil) || (got != nil && *got != *c.want) {
+				t.Fatalf("got %+v, want %+v", got, c.want)
+			}
+		})
 	}
 }

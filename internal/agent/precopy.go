@@ -11,6 +11,7 @@ import (
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/precopy"
+	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
 
@@ -130,34 +131,71 @@ func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *p
 }
 
 // checkDumpable refuses, before anything is frozen, a container CRIU
-// cannot dump here: a process running as another user than the agent's
-// when the agent lacks CAP_SYS_RESOURCE (CRIU then cannot read its
-// rlimits, "Can't get rlimit: Operation not permitted").
-func (a *Agent) checkDumpable(name string, pid int) error {
+// cannot dump here, and says with which real ids it can be.
+//
+// CRIU reads every process's rlimits. Without CAP_SYS_RESOURCE the
+// kernel allows that only to a caller whose real uid and gid are the
+// process's real, effective and saved ids (check_prlimit_permission). A
+// service whose processes all run as one user and group (memcached -u
+// nobody, mosquitto dropping to its own user, PostgreSQL) is dumped with
+// runc and CRIU given that real uid and gid (their effective ids and
+// capabilities stay root's); a service mixing users (a root master with
+// unprivileged workers) cannot be, and is refused while it keeps running.
+// nil ids: dump as the agent is.
+func (a *Agent) checkDumpable(name string, pid int) (*runc.IDs, error) {
 	ok, err := linux.HasCapSysResource()
 	if err != nil || ok {
-		return nil // unknown: let CRIU decide (a failed dump rolls back)
+		return nil, nil // unknown: let CRIU decide (a failed dump rolls back)
 	}
 	if pid <= 0 {
-		return nil
+		return nil, nil
 	}
 	pids, err := linux.ProcessTree(pid)
 	if err != nil {
-		return nil
+		return nil, nil
 	}
-	me := os.Getuid()
+	return dumpIDs(name, pids, os.Getuid(), os.Getgid(), func(pid int) ([3]int, [3]int, error) {
+		u, err := linux.ProcessUIDs(pid)
+		if err != nil {
+			return u, [3]int{}, err
+		}
+		g, err := linux.ProcessGIDs(pid)
+		return u, g, err
+	})
+}
+
+// dumpIDs decides checkDumpable from the processes' ids: nil when every
+// process runs as the agent's uid and gid, one uid and gid when they all
+// run as that, an ErrInvalid naming the mixture otherwise. Processes
+// gone meanwhile are skipped.
+func dumpIDs(name string, pids []int, myUID, myGID int, ids func(pid int) (uid, gid [3]int, err error)) (*runc.IDs, error) {
+	var (
+		common *runc.IDs
+		first  int
+	)
 	for _, pid := range pids {
-		ids, err := linux.ProcessUIDs(pid)
+		u, g, err := ids(pid)
 		if err != nil {
 			continue
 		}
-		for _, id := range ids {
-			if id != me {
-				return fmt.Errorf("%w: %s runs a process as uid %d, and this agent lacks CAP_SYS_RESOURCE, so CRIU cannot dump it (run the service as uid %d, or give the agent CAP_SYS_RESOURCE); the service keeps running here", ErrInvalid, name, id, me)
-			}
+		if u[0] != u[1] || u[1] != u[2] || g[0] != g[1] || g[1] != g[2] {
+			return nil, fmt.Errorf("%w: %s has a process (pid %d) whose real, effective and saved ids differ (uid %d/%d/%d, gid %d/%d/%d), and this agent lacks CAP_SYS_RESOURCE, so CRIU cannot read its rlimits (give the agent CAP_SYS_RESOURCE); the service keeps running here",
+				ErrInvalid, name, pid, u[0], u[1], u[2], g[0], g[1], g[2])
+		}
+		this := runc.IDs{UID: u[0], GID: g[0]}
+		if common == nil {
+			common, first = &this, pid
+			continue
+		}
+		if *common != this {
+			return nil, fmt.Errorf("%w: %s runs processes as different users (pid %d as %d:%d, pid %d as %d:%d), and this agent lacks CAP_SYS_RESOURCE, so CRIU cannot dump them all (run the service's processes as one user, or give the agent CAP_SYS_RESOURCE); the service keeps running here",
+				ErrInvalid, name, first, common.UID, common.GID, pid, this.UID, this.GID)
 		}
 	}
-	return nil
+	if common == nil || (common.UID == myUID && common.GID == myGID) {
+		return nil, nil
+	}
+	return common, nil
 }
 
 // Services smaller than reserveMin get no memory reserve; a reserve is at

@@ -79,14 +79,15 @@ func (a *Agent) StartMigration(name string, req migration.Request) (*job, error)
 		}
 		return nil, fmt.Errorf("%w: %s is not running on %s (status %s), so there is nothing to migrate; see 'edgehop logs %s'", ErrInvalid, name, a.cfg.Node, status, name)
 	}
-	if err := a.checkDumpable(name, st.Pid); err != nil {
+	dumpAs, err := a.checkDumpable(name, st.Pid)
+	if err != nil {
 		a.release(name)
 		return nil, err
 	}
 	jctx, cancel := context.WithCancelCause(ctx)
 	id := journal.NewID()
 	j := newJob(id, migration.RoleSource, name, a.cfg.Node, req.To, req.Strategy, cancel)
-	o := &outgoing{a: a, job: j, m: migration.NewSource(req.Strategy), req: req, c: c, peer: peer,
+	o := &outgoing{a: a, job: j, m: migration.NewSource(req.Strategy), req: req, c: c, peer: peer, dumpAs: dumpAs,
 		send: transfer.SendOptions{Compression: comp, LinkBitsPerSecond: max(req.LinkBps, 0)}, comp: comp,
 		rec: journal.Record{ID: id, Role: migration.RoleSource, Container: name, Peer: req.To, Strategy: req.Strategy,
 			ImageDir: filepath.Join(a.scratchDir(), name+"-out")}}
@@ -115,6 +116,8 @@ type outgoing struct {
 	peer Peer
 	send transfer.SendOptions
 	comp transfer.Compression
+	// dumpAs are the real ids CRIU dumps with (checkDumpable).
+	dumpAs *runc.IDs
 
 	tm        *migration.Timer
 	res       migration.Result
@@ -416,7 +419,7 @@ func (o *outgoing) freeze() error {
 // is up and goes on serving pages.
 func (o *outgoing) dump() error {
 	a, name := o.a, o.rec.Container
-	ckOpts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true}
+	ckOpts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true, RealIDs: o.dumpAs}
 	var err error
 	if o.req.Strategy.Lazy() {
 		ckCtx, ckCancel := context.WithCancel(context.WithoutCancel(a.runCtx))

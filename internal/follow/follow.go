@@ -75,28 +75,28 @@ func (c Config) Validate() error {
 
 // Report is what a run shows.
 type Report struct {
-	Testbed      string             `json:"testbed"`
-	Policy       policy.Config      `json:"policy"`
-	WalkMetres   float64            `json:"walk_m"`
-	WalkSeconds  float64            `json:"walk_s"`
-	Migrations   []Migration        `json:"migrations"`
-	Handoffs     []Handoff          `json:"handoffs"`
-	Decisions    int                `json:"decisions_logged"`
-	ClientErrors int                `json:"client_errors"`
-	ErrorSamples []string           `json:"client_error_samples,omitempty"`
-	Throughput   Throughput         `json:"throughput"`
-	LatencyMs    Throughput         `json:"latency_ms"`
-	GainPct      Gain               `json:"gain_pct"`
-	DataVerified bool               `json:"data_verified"`
+	Testbed      string              `json:"testbed"`
+	Policy       policy.Config       `json:"policy"`
+	WalkMetres   float64             `json:"walk_m"`
+	WalkSeconds  float64             `json:"walk_s"`
+	Migrations   []Migration         `json:"migrations"`
+	Handoffs     []Handoff           `json:"handoffs"`
+	Decisions    int                 `json:"decisions_logged"`
+	ClientErrors int                 `json:"client_errors"`
+	ErrorSamples []string            `json:"client_error_samples,omitempty"`
+	Throughput   Throughput          `json:"throughput"`
+	LatencyMs    Throughput          `json:"latency_ms"`
+	GainPct      Gain                `json:"gain_pct"`
+	DataVerified bool                `json:"data_verified"`
 	Series       map[string][]Sample `json:"series"`
-	Track        []TrackPoint       `json:"track"`
-	ReportJSON   string             `json:"report_json,omitempty"`
-	ReportHTML   string             `json:"report_html,omitempty"`
-	Started      time.Time          `json:"started"`
+	Track        []TrackPoint        `json:"track"`
+	ReportJSON   string              `json:"report_json,omitempty"`
+	ReportHTML   string              `json:"report_html,omitempty"`
+	Started      time.Time           `json:"started"`
 	// Sequential: the three placements were measured on three walks, one
 	// at a time; otherwise at once, on one walk.
-	Sequential bool `json:"sequential"`
-	ElapsedS     float64            `json:"elapsed_s"`
+	Sequential bool    `json:"sequential"`
+	ElapsedS   float64 `json:"elapsed_s"`
 }
 
 // Migration is one migration the controller made.
@@ -147,11 +147,11 @@ type TrackPoint struct {
 
 // Names of the three redis instances.
 const (
-	followed   = "redis"        // follows the user
-	fixedOrig  = "redis-origin" // stays on the first node
-	fixedDest  = "redis-dest"   // stays on the last node
-	user       = "client0"
-	redisPort  = "6379"
+	followed  = "redis"        // follows the user
+	fixedOrig = "redis-origin" // stays on the first node
+	fixedDest = "redis-dest"   // stays on the last node
+	user      = "client0"
+	redisPort = "6379"
 )
 
 // Run brings up a testbed, runs the experiment, writes the report and

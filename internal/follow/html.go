@@ -56,9 +56,9 @@ func chart(title, unit string, lines []line, marks []mark) string {
 }
 
 type mark struct {
-	t            float64
-	color, dash  string
-	label        string
+	t           float64
+	color, dash string
+	label       string
 }
 
 func seriesOf(s []Sample, f func(Sample) float64) [][2]float64 {

@@ -118,10 +118,10 @@ type Load struct {
 
 // Sample is one second of a load.
 type Sample struct {
-	T          float64 `json:"t_s"`          // since the start
-	Ops        float64 `json:"ops_per_s"`
-	LatencyMs  float64 `json:"latency_ms"`    // mean of that second
-	Errors     int     `json:"errors"`
+	T         float64 `json:"t_s"` // since the start
+	Ops       float64 `json:"ops_per_s"`
+	LatencyMs float64 `json:"latency_ms"` // mean of that second
+	Errors    int     `json:"errors"`
 }
 
 // Preload fills keys 0..n-1 with size-byte values.

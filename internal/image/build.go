@@ -31,18 +31,15 @@ const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 // ServicePackages are installed into the services image.
 var ServicePackages = []string{"redis-server", "memcached", "mosquitto"}
 
-// mosquittoConf replaces Debian's /etc/mosquitto/mosquitto.conf: the
-// broker is reachable from other hosts without credentials, as the
-// migration scenarios need, and runs as a container's only process.
-const mosquittoConf = `# edgehop services image: mosquitto as a container's process.
-# Every address, no authentication.
+// mosquittoConf is added to Debian's unmodified mosquitto configuration
+// as /etc/mosquitto/conf.d/edgehop.conf: the broker listens on every
+// address without credentials, as the migration scenarios need. Debian's
+// own file stays as packaged: a pid file in /run/mosquitto, persistence
+// in /var/lib/mosquitto, a log file, and the broker dropping to user
+// mosquitto.
+const mosquittoConf = `# edgehop services image: reachable from other hosts, no authentication.
 listener 1883 0.0.0.0
 allow_anonymous true
-# No pid file (no init creates /run/mosquitto), logs on stderr rather than
-# in a file of the rootfs, no persistence file written behind a checkpoint.
-log_dest stderr
-persistence false
-include_dir /etc/mosquitto/conf.d
 `
 
 // ErrUnknownImage is returned by Build for a name it has no recipe for.

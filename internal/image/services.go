@@ -106,9 +106,14 @@ func buildServices(ctx context.Context, opts BuildOptions) (res Result, err erro
 			}
 		}
 	}
-	conf := filepath.Join(rootfs, "etc/mosquitto/mosquitto.conf")
+	conf := filepath.Join(rootfs, "etc/mosquitto/conf.d/edgehop.conf")
 	if err := os.WriteFile(conf, []byte(mosquittoConf), 0o644); err != nil {
 		return Result{}, fmt.Errorf("mosquitto config: %w", err)
+	}
+	// What Debian's unit does before starting the broker (no init runs
+	// in a container).
+	if err := chroot("mosquitto run directory", "install", "-d", "-o", "mosquitto", "-g", "mosquitto", "/run/mosquitto"); err != nil {
+		return Result{}, err
 	}
 
 	// debootstrap unmounts what it mounted; make sure before packing.
@@ -153,7 +158,7 @@ const RecipeLabel = "org.edgehop.recipe"
 // string when the build steps change.
 func servicesRecipe(suite string) string {
 	h := sha256.New()
-	fmt.Fprintf(h, "services v1\nsuite %s\npackages %s\nmosquitto.conf %s\n", suite, strings.Join(ServicePackages, " "), mosquittoConf)
+	fmt.Fprintf(h, "services v2\nsuite %s\npackages %s\nconf.d/edgehop.conf %s\n", suite, strings.Join(ServicePackages, " "), mosquittoConf)
 	return hex.EncodeToString(h.Sum(nil))[:16]
 }
 

@@ -27,19 +27,24 @@ func HasCapSysResource() (bool, error) {
 }
 
 // ProcessUIDs returns the real, effective and saved user ids of pid.
-func ProcessUIDs(pid int) ([3]int, error) {
+func ProcessUIDs(pid int) ([3]int, error) { return processIDs(pid, "Uid") }
+
+// ProcessGIDs returns the real, effective and saved group ids of pid.
+func ProcessGIDs(pid int) ([3]int, error) { return processIDs(pid, "Gid") }
+
+func processIDs(pid int, key string) ([3]int, error) {
 	var out [3]int
-	v, err := statusField(pid, "Uid")
+	v, err := statusField(pid, key)
 	if err != nil {
 		return out, err
 	}
 	f := strings.Fields(v)
 	if len(f) < 3 {
-		return out, fmt.Errorf("uid line %q of %d", v, pid)
+		return out, fmt.Errorf("%s line %q of %d", key, v, pid)
 	}
 	for i := range out {
 		if out[i], err = strconv.Atoi(f[i]); err != nil {
-			return out, fmt.Errorf("uid line %q of %d: %w", v, pid, err)
+			return out, fmt.Errorf("%s line %q of %d: %w", key, v, pid, err)
 		}
 	}
 	return out, nil

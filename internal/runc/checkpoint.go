@@ -57,6 +57,18 @@ type CheckpointOpts struct {
 	// ManageCgroupsMode is runc's --manage-cgroups-mode: "" (runc's
 	// default, soft), "soft", "full" or "strict".
 	ManageCgroupsMode string
+	// RealIDs, when set, are the real uid and gid runc and CRIU run
+	// with; their effective ids and capabilities stay root's. CRIU reads
+	// every process's rlimits, which the kernel allows without
+	// CAP_SYS_RESOURCE only to a caller whose real uid and gid are the
+	// process's own (check_prlimit_permission): for a service running as
+	// one non-root user, set them to that user's.
+	RealIDs *IDs
+}
+
+// IDs are a user and group id.
+type IDs struct {
+	UID, GID int
 }
 
 // Validate reports what is wrong with o.
@@ -80,6 +92,9 @@ func (o CheckpointOpts) Validate() error {
 		errs = append(errs, errors.New("ready callback is only called for lazy pages"))
 	}
 	errs = append(errs, validCgroupsMode(o.ManageCgroupsMode))
+	if o.RealIDs != nil && (o.RealIDs.UID < 0 || o.RealIDs.GID < 0) {
+		errs = append(errs, fmt.Errorf("real ids %d:%d must not be negative", o.RealIDs.UID, o.RealIDs.GID))
+	}
 	return errors.Join(errs...)
 }
 
@@ -148,7 +163,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 	if o.ManageCgroupsMode != "" {
 		args = append(args, "--manage-cgroups-mode", o.ManageCgroupsMode)
 	}
-	inv := invocation{op: "checkpoint", id: id, criu: true, criuLog: logPath}
+	inv := invocation{op: "checkpoint", id: id, criu: true, criuLog: logPath, realIDs: o.RealIDs}
 
 	var (
 		readyDone chan struct{}

@@ -138,6 +138,9 @@ type invocation struct {
 	// cancel, when set, replaces killing runc when ctx ends; runc is
 	// still killed if it has not exited cmdWaitDelay later.
 	cancel func() error
+	// realIDs, when set, runs runc with these real ids (setpriv), its
+	// effective ids and capabilities unchanged.
+	realIDs *IDs
 }
 
 // cmdWaitDelay is how long a runc command may run on after its context
@@ -177,6 +180,16 @@ func (r *Runtime) exec(ctx context.Context, inv invocation) ([]byte, error) {
 		args = append(args, inv.id)
 	}
 	args = append(args, inv.post...)
+	if inv.realIDs != nil {
+		setpriv, err := exec.LookPath("setpriv")
+		if err != nil {
+			return nil, fmt.Errorf("runc %s %s: setpriv (util-linux) not found, needed to dump a service running as uid %d: %w",
+				inv.op, inv.id, inv.realIDs.UID, ErrNotSupported)
+		}
+		args = append([]string{"--ruid", strconv.Itoa(inv.realIDs.UID), "--rgid", strconv.Itoa(inv.realIDs.GID),
+			"--keep-groups", "--", bin}, args...)
+		bin = setpriv
+	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.WaitDelay = cmdWaitDelay
 	if inv.cancel != nil {
