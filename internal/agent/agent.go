@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"github.com/edgehop/edgehop/internal/metrics"
 	"log/slog"
 	"net"
 	"net/http"
@@ -42,7 +43,7 @@ type Agent struct {
 	runCtx  context.Context // the agent's lifetime; jobs run on it
 	journal *journal.Journal
 	jobs    jobs
-	metrics *agentMetrics
+	metrics *metrics.Metrics
 
 	imgMu sync.Mutex // serialises image unpacking
 
@@ -64,7 +65,15 @@ func New(cfg Config) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{cfg: cfg, log: log.With("node", cfg.Node), containers: map[string]*container{}, busy: map[string]bool{},
-		peers: map[string]*api.Client{}, runCtx: context.Background(), metrics: newAgentMetrics()}
+		peers: map[string]*api.Client{}, runCtx: context.Background()}
+	a.metrics = metrics.New(metrics.Gauges{
+		Containers: func() int {
+			a.mu.Lock()
+			defer a.mu.Unlock()
+			return len(a.containers)
+		},
+		Running: a.jobs.running,
+	})
 	for _, p := range cfg.Peers {
 		// The peer API is mutually authenticated: this node's
 		// certificate, and only p's certificate accepted from p.

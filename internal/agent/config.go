@@ -46,6 +46,10 @@ type Config struct {
 	// agent listener: the agent sends it heartbeats and RTT measurements
 	// over mutual TLS. Empty: no controller.
 	Controller string `json:"controller,omitempty"`
+	// Seccomp filters every container's system calls with the container
+	// engines' default profile (moby's). Default true; false runs
+	// containers unconfined.
+	Seccomp *bool `json:"seccomp,omitempty"`
 
 	Log *slog.Logger `json:"-"`
 }

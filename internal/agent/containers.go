@@ -326,7 +326,11 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if err := a.plane.Attach(ep, false); err != nil {
 		return api.Container{}, err
 	}
-	if err := runc.WriteBundle(a.bundle(r.Name), a.runcSpec(m)); err != nil {
+	spec, err := a.runcSpec(m)
+	if err != nil {
+		return api.Container{}, err
+	}
+	if err := runc.WriteBundle(a.bundle(r.Name), spec); err != nil {
 		return api.Container{}, err
 	}
 	lf, err := os.OpenFile(a.logPath(r.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
@@ -350,10 +354,19 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	return a.describe(ctx, c), nil
 }
 
-func (a *Agent) runcSpec(m meta) runc.Spec {
-	return runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
+func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
+	s := runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
 		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name),
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
+	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {
+		return s, nil
+	}
+	sc, err := runc.DefaultSeccomp(s)
+	if err != nil {
+		return s, fmt.Errorf("seccomp profile: %w", err)
+	}
+	s.Seccomp = sc
+	return s, nil
 }
 
 // criuConfig is the CRIU configuration file of this node's containers

@@ -101,7 +101,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	in := &incoming{a: a, job: j, m: migration.NewDest(p.Strategy), conn: conn, p: p,
 		rec: journal.Record{ID: p.ID, Role: migration.RoleDestination, Container: p.Name, Peer: p.From, Strategy: p.Strategy}}
 	a.jobs.add(j)
-	a.metrics.migrationStarted()
+	a.metrics.MigrationStarted(migration.RoleDestination)
 	acts, err := in.m.Step(migration.Event{Kind: migration.EvStart})
 	if err != nil {
 		return refuse(err)
@@ -277,7 +277,11 @@ func (in *incoming) setup(ctx context.Context) error {
 	if in.holder, err = netplane.Hold(ns); err != nil {
 		return err
 	}
-	if err := runc.WriteBundle(a.bundle(p.Name), a.runcSpec(m)); err != nil {
+	spec, err := a.runcSpec(m)
+	if err != nil {
+		return err
+	}
+	if err := runc.WriteBundle(a.bundle(p.Name), spec); err != nil {
 		return err
 	}
 	in.imgDir = filepath.Join(a.scratchDir(), p.Name+"-in")
@@ -577,7 +581,7 @@ func (in *incoming) finish(act migration.Action) {
 	if in.err != nil {
 		res.Error = in.err.Error()
 	}
-	in.a.metrics.observe(res, migration.RoleDestination)
+	in.a.metrics.ObserveResult(res, migration.RoleDestination)
 	in.job.end(act.Outcome, &res)
 }
 

@@ -159,7 +159,7 @@ func (a *Agent) operatorHandler() http.Handler {
 	}
 	mux.HandleFunc("PUT /v1/fdb", operatorFDB(a.learn))
 	mux.HandleFunc("DELETE /v1/fdb", operatorFDB(a.forget))
-	mux.Handle("GET /metrics", a.metrics.handler())
+	mux.Handle("GET /metrics", a.metrics.Handler())
 	return mux
 }
 

@@ -27,7 +27,7 @@ type peerAPI struct {
 	dir string
 }
 
-func newPeerAPI(t *testing.T) *peerAPI {
+func newPeerAPI(t testing.TB) *peerAPI {
 	t.Helper()
 	dir := t.TempDir()
 	ca, err := pki.NewCA(filepath.Join(dir, "ca"))

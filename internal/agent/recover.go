@@ -72,7 +72,7 @@ func (a *Agent) recoverAll(ctx context.Context, recs []journal.Record) {
 			} else {
 				outcome = a.recoverDest(ctx, r)
 			}
-			a.metrics.recovered(string(outcome))
+			a.metrics.Recovered(string(outcome))
 			a.log.Warn("interrupted migration settled", "migration", r.ID, "container", r.Container, "outcome", outcome)
 		}()
 	}

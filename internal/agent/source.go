@@ -92,7 +92,7 @@ func (a *Agent) StartMigration(name string, req migration.Request) (*job, error)
 		rec: journal.Record{ID: id, Role: migration.RoleSource, Container: name, Peer: req.To, Strategy: req.Strategy,
 			ImageDir: filepath.Join(a.scratchDir(), name+"-out")}}
 	a.jobs.add(j)
-	a.metrics.migrationStarted()
+	a.metrics.MigrationStarted(migration.RoleSource)
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()
@@ -758,7 +758,7 @@ func (o *outgoing) finish(act migration.Action) {
 		_ = os.RemoveAll(o.rec.ImageDir + "-rollback")
 	}
 	a.recordHistory(*res)
-	a.metrics.observe(*res, migration.RoleSource)
+	a.metrics.ObserveResult(*res, migration.RoleSource)
 	o.job.end(act.Outcome, res)
 }
 

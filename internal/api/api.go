@@ -207,6 +207,11 @@ func (c *Client) Logs(ctx context.Context, name string, w io.Writer) error {
 	return c.Do(ctx, http.MethodGet, "/v1/containers/"+url.PathEscape(name)+"/logs", nil, w)
 }
 
+// Metrics copies the agent's Prometheus metrics (text exposition) to w.
+func (c *Client) Metrics(ctx context.Context, w io.Writer) error {
+	return c.Do(ctx, http.MethodGet, "/metrics", nil, w)
+}
+
 // Endpoints lists the overlay endpoints an agent hosts.
 func (c *Client) Endpoints(ctx context.Context) ([]Endpoint, error) {
 	var es []Endpoint

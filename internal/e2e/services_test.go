@@ -733,6 +733,22 @@ func testMemcachedMigration(t *testing.T, strategy string) {
 	if stats["curr_items"] != strconv.Itoa(n+1) || stats["evictions"] != "0" {
 		t.Errorf("curr_items = %s, evictions = %s; want %d and 0", stats["curr_items"], stats["evictions"], n+1)
 	}
+	// node0 was the source of the first migration and the destination of
+	// the last: its metrics count both.
+	out, _, err := e.run("metrics", "--node", "node0")
+	if err != nil {
+		t.Fatalf("metrics: %v", err)
+	}
+	for _, want := range []string{
+		fmt.Sprintf(`edgehop_migrations_total{outcome="ok",role="source",strategy=%q} 1`, strategy),
+		fmt.Sprintf(`edgehop_migrations_total{outcome="ok",role="destination",strategy=%q} 1`, strategy),
+		fmt.Sprintf(`edgehop_migration_downtime_seconds_count{strategy=%q} 1`, strategy),
+		"edgehop_containers 1",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("node0's metrics lack %q", want)
+		}
+	}
 }
 
 // mqttClient is a paho client whose connection is opened from inside a

@@ -114,6 +114,9 @@ func readPagemapWhere(path string, pid uint32, keep func(flags uint64, hasFlags,
 		if addr%PageSize != 0 {
 			return pm, fmt.Errorf("%s: entry %d: unaligned address %#x", path, i, addr)
 		}
+		if addr >= maxAddr || nr > (maxAddr-addr)/PageSize {
+			return pm, fmt.Errorf("%s: entry %d: %d pages at %#x run past the address space", path, i, nr, addr)
+		}
 		if k := len(pm.runs); k > 0 && pm.runs[k-1].addr+pm.runs[k-1].count*PageSize == addr {
 			pm.runs[k-1].count += nr
 		} else {

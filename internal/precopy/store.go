@@ -84,6 +84,10 @@ func (s *Store) StoredBytes() (int64, error) {
 	return n, nil
 }
 
+// maxStoreFiles bounds the processes a store holds pages of (a file
+// each): a peer cannot make the destination create files without end.
+const maxStoreFiles = 1 << 15
+
 // file returns the store file of pid, creating it if create is set (an
 // unknown pid otherwise is a corrupt stream).
 func (s *Store) file(pid uint32, create bool) (*os.File, error) {
@@ -92,6 +96,9 @@ func (s *Store) file(pid uint32, create bool) (*os.File, error) {
 	}
 	if !create {
 		return nil, fmt.Errorf("%w: no pages of pid %d", ErrCorrupt, pid)
+	}
+	if len(s.files) >= maxStoreFiles {
+		return nil, fmt.Errorf("%w: pages of more than %d processes", ErrCorrupt, maxStoreFiles)
 	}
 	f, err := os.OpenFile(filepath.Join(s.dir, strconv.FormatUint(uint64(pid), 10)), os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
 	if err != nil {

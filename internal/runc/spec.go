@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/moby/profiles/seccomp"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
@@ -51,6 +52,9 @@ type Spec struct {
 	Capabilities []string
 	// Annotations are copied into config.json.
 	Annotations map[string]string
+	// Seccomp is the syscall filter; nil: none. DefaultSeccomp gives the
+	// container engines' default profile.
+	Seccomp *specs.LinuxSeccomp
 }
 
 // DefaultCapabilities is the capability set a container gets when
@@ -144,6 +148,7 @@ func (s Spec) Config() (*specs.Spec, error) {
 		Linux: &specs.Linux{
 			Resources:   resources,
 			CgroupsPath: s.CgroupsPath,
+			Seccomp:     s.Seccomp,
 			Namespaces: []specs.LinuxNamespace{
 				{Type: specs.PIDNamespace},
 				netns,
@@ -216,4 +221,14 @@ func WriteBundle(dir string, s Spec) error {
 		return fmt.Errorf("write bundle %s: %w", dir, err)
 	}
 	return nil
+}
+
+// DefaultSeccomp returns the container engines' default seccomp profile
+// (moby's, as Docker and containerd use it) for the spec's capabilities.
+func DefaultSeccomp(s Spec) (*specs.LinuxSeccomp, error) {
+	cfg, err := s.Config()
+	if err != nil {
+		return nil, err
+	}
+	return seccomp.GetDefaultProfile(cfg)
 }

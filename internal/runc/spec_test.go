@@ -134,3 +134,35 @@ func TestSpecValidate(t *testing.T) {
 		})
 	}
 }
+
+func TestDefaultSeccomp(t *testing.T) {
+	sc, err := runc.DefaultSeccomp(runc.Spec{Rootfs: "/r", Args: []string{"sh"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc == nil || sc.DefaultAction != specs.ActErrno {
+		t.Fatalf("default action %v, want errno for unlisted calls", sc)
+	}
+	allowed := map[string]bool{}
+	for _, r := range sc.Syscalls {
+		if r.Action == specs.ActAllow && len(r.Args) == 0 {
+			for _, n := range r.Names {
+				allowed[n] = true
+			}
+		}
+	}
+	for _, n := range []string{"read", "write", "epoll_wait", "setsockopt", "mmap"} {
+		if !allowed[n] {
+			t.Errorf("%s not allowed", n)
+		}
+	}
+	for _, n := range []string{"kexec_load", "init_module", "open_by_handle_at"} {
+		if allowed[n] {
+			t.Errorf("%s allowed, the default profile refuses it", n)
+		}
+	}
+	cfg, err := runc.Spec{Rootfs: "/r", Args: []string{"sh"}, Seccomp: sc}.Config()
+	if err != nil || cfg.Linux.Seccomp != sc {
+		t.Fatalf("config does not carry the profile: %v", err)
+	}
+}

@@ -1,0 +1,68 @@
+package agent
+
+import (
+	"encoding/json"
+	"errors"
+	"net/netip"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
+)
+
+// FuzzPrepare decodes a peer's Prepare message as the destination does
+// and validates it: whatever is accepted names a container that stays
+// inside the state directory, an overlay address with its own MAC, and
+// a sender that is the authenticated peer.
+func FuzzPrepare(f *testing.F) {
+	ok := migration.Prepare{ID: journal.NewID(), Name: "redis", Image: "services", Digest: "sha256:" + strings.Repeat("ab", 32),
+		IP: "10.200.1.5", MAC: netplane.MACFor(netip.MustParseAddr("10.200.1.5")).String(), Args: []string{"redis-server"},
+		Strategy: migration.StopAndCopy, From: "node1", MemoryBytes: 1 << 20}
+	b, _ := json.Marshal(ok)
+	f.Add(b)
+	f.Add([]byte(`{"name":"../../..","from":"node1"}`))
+	f.Add([]byte(`{}`))
+	p := newPeerAPI(f)
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var m migration.Prepare
+		if err := decodeStrict(in, &m); err != nil {
+			if !errors.Is(err, ErrInvalid) {
+				t.Fatalf("decode error is not ErrInvalid: %v", err)
+			}
+			return
+		}
+		if err := p.a.validatePrepare(m, "node1"); err != nil {
+			return
+		}
+		if !containerNameRE.MatchString(m.Name) || m.From != "node1" {
+			t.Fatalf("accepted name %q from %q", m.Name, m.From)
+		}
+		if d := p.a.dir(m.Name); !strings.HasPrefix(d, p.a.cfg.StateDir+string(filepath.Separator)) || filepath.Clean(d) != d {
+			t.Fatalf("accepted name %q maps to %s, outside %s", m.Name, d, p.a.cfg.StateDir)
+		}
+		ip, err := netip.ParseAddr(m.IP)
+		if err != nil || !p.a.cfg.Overlay.Contains(ip) || m.MAC != netplane.MACFor(ip).String() {
+			t.Fatalf("accepted address %q with MAC %q", m.IP, m.MAC)
+		}
+	})
+}
+
+// FuzzOperatorRequests decodes operator and peer request bodies: a body
+// decodes into its type or fails with ErrInvalid, never anything else.
+func FuzzOperatorRequests(f *testing.F) {
+	f.Add([]byte(`{"name":"r","image":"services","args":["redis-server"]}`))
+	f.Add([]byte(`{"to":"node1","strategy":"pre-copy","rounds":3}`))
+	f.Add([]byte(`{"name":"r","ip":"10.200.1.5","mac":"02:00:0a:c8:01:05","vtep":"172.30.0.2","node":"node0"}`))
+	f.Add([]byte(`{"to":"node1"} {"to":"node2"}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		for _, v := range []any{&api.RunRequest{}, &api.MigrateRequest{}, &api.Endpoint{}} {
+			if err := decodeStrict(in, v); err != nil && !errors.Is(err, ErrInvalid) {
+				t.Fatalf("decode %T: error is not ErrInvalid: %v", v, err)
+			}
+		}
+	})
+}
