@@ -5,7 +5,7 @@ BIN := bin
 GOFLAGS_BUILD := -trimpath
 export CGO_ENABLED := 0
 
-.PHONY: all build setup images demo test test-unit test-integration vet clean
+.PHONY: all build setup images demo test fuzz race vet clean
 
 all: build
 
@@ -31,9 +31,30 @@ demo: build setup images
 vet:
 	$(GO) vet ./...
 
-# Unit tests and privileged integration tests (real namespaces, runc, CRIU).
+# Unit tests and privileged integration tests (real namespaces, runc, CRIU),
+# then every fuzz target briefly, then the race detector.
 test: build setup images vet
 	EDGEHOP_BIN=$(CURDIR)/$(BIN)/edgehop $(GO) test -count=1 -p 2 -timeout 40m ./...
+	@$(MAKE) --no-print-directory fuzz race
+
+# Each fuzz target (go test -list Fuzz ./...) runs FUZZTIME on top of its
+# seed corpus, which the plain test run above already checked.
+FUZZTIME ?= 4s
+fuzz:
+	@set -e; for pkg in $$($(GO) list ./...); do \
+		for f in $$($(GO) test -list '^Fuzz' $$pkg | grep '^Fuzz' || true); do \
+			echo "fuzz $$pkg $$f"; \
+			$(GO) test -run '^$$' -fuzz "^$$f\$$" -fuzztime $(FUZZTIME) -fuzzminimizetime 50x $$pkg >/tmp/edgehop-fuzz.log 2>&1 \
+				|| { cat /tmp/edgehop-fuzz.log; exit 1; }; \
+		done; \
+	done
+
+# The race detector over the packages whose tests need no root.
+RACE_PKGS := ./internal/migration ./internal/journal ./internal/metrics ./internal/controller \
+	./internal/policy ./internal/topo ./internal/radio ./internal/mobility ./internal/store \
+	./internal/model/... ./internal/transfer ./internal/lazyproxy ./internal/agent ./internal/pki ./internal/units
+race:
+	CGO_ENABLED=1 $(GO) test -race -count=1 $(RACE_PKGS)
 
 clean:
 	rm -rf $(BIN)
