@@ -27,7 +27,7 @@ func benchSoak(ctx context.Context, args []string) error {
 	root := fs.String("root", envOr("EDGEHOP_ROOT", testbed.DefaultRoot), "state root for the soak's testbed (env EDGEHOP_ROOT)")
 	images := fs.String("images", envOr("EDGEHOP_IMAGES", image.DefaultRoot), "OCI image cache (env EDGEHOP_IMAGES)")
 	n := fs.Int("migrations", 100, "migrations in all (the services take turns)")
-	strategies := fs.String("strategies", "stop-and-copy,pre-copy,post-copy", "strategies to cycle through, comma-separated")
+	strategies := fs.String("strategies", "stop-and-copy,pre-copy,post-copy,hybrid", "strategies to cycle through, comma-separated")
 	pause := fs.Duration("pause", 100*time.Millisecond, "pause between migrations")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	verbose := fs.Bool("v", false, "log progress to stderr")

@@ -46,7 +46,7 @@ func (c SoakConfig) Validate() error {
 	}
 	for _, s := range c.Strategies {
 		if _, err := migration.ParseStrategy(string(s)); err != nil || s == migration.Auto {
-			errs = append(errs, fmt.Errorf("strategy %q: want stop-and-copy, pre-copy or post-copy", s))
+			errs = append(errs, fmt.Errorf("strategy %q: want stop-and-copy, pre-copy, post-copy or hybrid", s))
 		}
 	}
 	if c.Pause < 0 {
@@ -83,7 +83,7 @@ const (
 // whatever happens.
 func Soak(ctx context.Context, cfg SoakConfig) (rep *SoakReport, err error) {
 	if len(cfg.Strategies) == 0 {
-		cfg.Strategies = []migration.Strategy{migration.StopAndCopy, migration.PreCopy, migration.PostCopy}
+		cfg.Strategies = []migration.Strategy{migration.StopAndCopy, migration.PreCopy, migration.PostCopy, migration.Hybrid}
 	}
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("soak config: %w", err)
