@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
-# The edgehop demo: an emulated edge network with three nodes and a mobile
-# client; services on different nodes reached from the client through the
-# emulated links; measured RTT and throughput; everything torn down.
+# The edgehop demo, in two parts. First the engine: an emulated edge network
+# with three nodes and a client; services on different nodes reached from
+# the client through the emulated links; live migrations under load;
+# measured RTT and throughput; everything torn down. Then the reason edgehop
+# exists: `edgehop demo`, where a user walks across three regions and the
+# controller hands their connectivity between access points and migrates
+# their redis after them, against two fixed placements (report in JSON and
+# HTML with plots).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 EH=${EH:-$PWD/bin/edgehop}
@@ -49,3 +54,6 @@ step "tear down"
 trap - EXIT
 "$EH" testbed down
 echo "demo complete: no namespace of testbed $TB is left ($(ls /run/netns 2>/dev/null | grep -c "^eh-$TB-" || true) found)"
+
+step "services follow their user: a walk across 3 regions, the controller hands off and migrates (edgehop demo)"
+"$EH" demo

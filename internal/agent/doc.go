@@ -1,9 +1,104 @@
 // Package agent is the edgehop node agent: it owns one node's containers
-// (through runc), its overlay networking (through netplane) and its state
-// directory, and serves an HTTP/JSON API on a local unix socket (operators,
-// the CLI) and on the underlay (peer agents). Nodes share nothing but the
+// (through runc), its overlay networking (through netplane), its state
+// directory and its journal, and serves two APIs: the operator API on a
+// unix socket (mode 0600: run, rm, logs, migration jobs, metrics) and the
+// peer API on the underlay, mutually authenticated TLS only, where every
+// request must come from a configured peer and may only speak for that
+// peer (its own endpoints, its own migrations). Nodes share nothing but the
 // network: the agent reads and writes only its own state directory and the
-// image cache it imports from.
+// image cache it imports from. It must not reach into another node's
+// directories or namespaces.
 //
-// It must not reach into another node's directories or namespaces.
+// Migrations are jobs the agent owns (jobs.go): source.go and dest.go are
+// the drivers of migration.Source and migration.Dest; each performs the
+// actions its machine asks for and feeds back their outcome as events,
+// journaling every phase before acting on it. recover.go settles, at
+// start, every migration the journal shows unfinished.
+//
+// # The frozen window
+//
+// The network lock is edgehop's, not CRIU's. Every bundle names a CRIU
+// configuration (`org.criu.config`) with `network-lock skip`: with iptables-
+// nft each CRIU lock or unlock is an `iptables-restore` run of 10–15 ms, and
+// a restore with one TCP connection ran eight of them inside the frozen
+// window. Instead A takes S's node-side veth down at the freeze (nothing
+// reaches the frozen sockets, and no reset leaves once the dumped tasks are
+// gone; a rollback restores into the same namespace and brings it up), and
+// B's holder keeps packets from the restored sockets until CRIU is done.
+// Three more things leave the frozen window: A freezes the cgroup itself
+// (not `runc pause`), thawing and refreezing for a moment when a task was
+// caught waiting for a vfork child, which ptrace cannot seize (CRIU would
+// give up after 10 s with the service frozen); the agents run CRIU's `criu
+// check` probes at start; and where `/run` is not a tmpfs (this machine),
+// CRIU never saves its kernel feature cache and re-probes the kernel on
+// every run (~30 ms), so the agent writes `/run/criu.kdat` itself from a
+// `criu check` in a private mount namespace over a tmpfs `/run`, again after
+// a reboot or a new CRIU. B's restore is bounded
+// (`migration.RestoreDeadline`: 30 s plus 1 s per 32 MiB of images); a hung
+// restore is killed and A, waiting 10 s longer, restores S itself.
+//
+// CRIU tars every tmpfs of the container on dump and untars it on restore
+// (3–5 ms each per side). The same configuration marks the masked
+// directories (`/proc/acpi`, `/sys/firmware`, …; `runc.ExternalMasks`) as
+// external mounts: they are not dumped, and on restore each is bound to
+// `<state>/mask`, an empty tmpfs mounted read-only, so no bind of it can be
+// written through. Two host settings matter as much (`make setup` applies
+// them; the agent warns at start when they are missing,
+// `runc.FrozenWindowHints`): each mount CRIU detaches waits for an RCU grace
+// period (`/sys/kernel/rcu_expedited`), and every dump walks the host's
+// whole conntrack hash twice, even for an external network namespace
+// (`nf_conntrack_buckets` 16384). A warms its zstd encoder before the freeze
+// and `--compress auto` takes the rate measured there as its floor: a one-
+// chunk probe timed inside the frozen window read the CPU several times too
+// slow and left compression off for images that shrink 5–28×.
+//
+// CRIU's lazy-pages daemon alone asks for one run of pages at a time and
+// waits for each reply (a round trip through the tunnel, 6–10 ms here), and
+// its background fetch shrinks back to 64 KiB after every fault: a 700 KB
+// service took 0.7 s to arrive whole and a 100 MB one 2.4 to 9 s. B's proxy
+// (`lazyproxy.ServePrefetch`; for hybrid its upstream's replies also carry
+// "you hold this page" flags) asks for every lazy run from the daemon's
+// first request on and answers the daemon from what arrived (a short reply
+// with the leading pages it holds, as the server gives at a run's end; a
+// request whose first page is on its way waits for it; only pages nobody
+// asked for yet are relayed, so none crosses twice); only pages the dump's
+// pagemaps mark lazy are asked for (the page server gives up on any other).
+// Both ends of CRIU's page-server session cork their sockets, and the
+// daemon's CLOSE and the server's answer to it each waited out the kernel's
+// 200 ms cork timeout; the proxy closes the session itself once the daemon
+// holds every lazy page, and half-closes after every CLOSE so the server
+// ends at once.
+//
+// Which memory path runs where: the live rounds need `process_vm_readv` and
+// read `/proc/PID/pagemap` (with `PAGEMAP_SCAN`, Linux ≥ 6.7, zero pages are
+// recognised; older kernels fall back to pagemap entries). They never need
+// soft-dirty bits, so they work on this kernel, where `criu pre-dump`
+// aborts. Correctness does not rest on the rounds: the final comparison is
+// against the frozen CRIU dump, so a page written during a round is simply
+// sent then. The kernel's soft-dirty pre-dump and userfaultfd write-protect
+// tracking are not used.
+//
+// The writable layer: a snapshot (inode, size, mode, mtime, ctime) is taken
+// before the live copy; the frozen window sends every entry whose snapshot
+// differs or whose ctime was within a second of the first (file-system
+// clocks are coarse), hard-linked into a hidden delta tree, plus the list of
+// every entry, and B removes what is gone and renames the delta in.
+//
+// `--strategy auto` asks the performance model (`model.Plan`) with the
+// container's memory (its memory cgroup) and the narrower link's bandwidth,
+// and passes the planned iterations as pre-copy's rounds. `--compress auto`
+// (the default) compresses a chunk only while zstd beats the path's link
+// rate. Every result (phases, CRIU statistics, rounds, bytes on the wire,
+// held packets) is appended to the node's `migrations.jsonl` and can be
+// fitted by `edgehop model fit`. The `network` phase runs concurrently with
+// the dump, so phases add up to more than the total.
+//
+// Hybrid (`--strategy hybrid`) runs the live rounds, then dumps lazily like
+// post-copy, but B's `criu lazy-pages` talks to a proxy (`lazyproxy`) that
+// relays CRIU's page-server protocol through the tunnel to a proxy on A in
+// front of CRIU's page server. For every page CRIU serves, A's proxy checks
+// its hash against what the rounds left on B and sends one flag byte instead
+// of the page when B holds exactly that content at that address; B's proxy
+// fills it from its store. Only what changed after the last round crosses
+// the link after the freeze, and the downtime is post-copy's.
 package agent

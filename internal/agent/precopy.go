@@ -40,7 +40,7 @@ func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name str
 		return nil, layer, pc, err
 	}
 	lopts := send
-	lopts.Name, lopts.Overlay = "upper-live", true
+	lopts.Name, lopts.Overlay, lopts.Live = "upper-live", true, true
 	lst, err := conn.SendDir(ctx, upper, lopts)
 	pc.LayerBytes = lst.WireBytes
 	if err != nil {

@@ -120,3 +120,42 @@ func FuzzRecvDir(f *testing.F) {
 		})
 	})
 }
+
+// TestSendDirLive: a tree whose files are created and removed while it
+// is sent (a running service's writable layer) is sent without error in
+// live mode, and what arrives is a consistent subset.
+func TestSendDirLive(t *testing.T) {
+	src := t.TempDir()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			p := filepath.Join(src, "d", "f"+strings.Repeat("x", i%7))
+			_ = os.MkdirAll(filepath.Dir(p), 0o755)
+			_ = os.WriteFile(p, []byte("data"), 0o644)
+			_ = os.Link(p, p+"-link")
+			_ = os.Remove(p)
+			_ = os.Remove(p + "-link")
+			if i%50 == 0 {
+				_ = os.RemoveAll(filepath.Join(src, "d"))
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	for i := 0; i < 200; i++ {
+		sc := &streamConn{r: bytes.NewReader(nil)}
+		if _, err := NewConn(sc).SendDir(context.Background(), src, SendOptions{Overlay: true, Live: true}); err != nil {
+			t.Fatalf("send %d of a live tree: %v", i, err)
+		}
+		dst := filepath.Join(t.TempDir(), "dst")
+		if _, err := NewConn(&streamConn{r: bytes.NewReader(sc.out.Bytes())}).RecvDir(context.Background(), dst, RecvOptions{}); err != nil {
+			t.Fatalf("receive %d of a live tree: %v", i, err)
+		}
+	}
+}

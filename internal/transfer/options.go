@@ -83,6 +83,11 @@ type SendOptions struct {
 	// as a separate file. The receiver needs no setting; it creates device
 	// nodes and trusted.* attributes only when it runs as root.
 	Overlay bool
+	// Live says the tree changes while it is sent (a running container's
+	// writable layer): an entry removed between being listed and being
+	// read is left out instead of failing the stream. A file that shrinks
+	// while read is sent as read; the caller sends the changes later.
+	Live bool
 }
 
 func (o SendOptions) withDefaults() (SendOptions, error) {

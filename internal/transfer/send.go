@@ -38,7 +38,7 @@ func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (St
 		return Stats{}, fmt.Errorf("send dir %s: not a directory", srcDir)
 	}
 	st, err := c.sendStream(ctx, streamHeader{Kind: streamDir}, opts, func(p *producer) error {
-		return p.walk(root, opts.Overlay)
+		return p.walk(root, opts.Overlay, opts.Live)
 	})
 	if err != nil {
 		return st, fmt.Errorf("send dir %s: %w", srcDir, err)
@@ -371,10 +371,17 @@ type fileID struct{ dev, ino uint64 }
 
 // walk sends the tree under root in lexical order, parents first. With
 // overlay it also sends special files, hard links and extended attributes.
-func (p *producer) walk(root string, overlay bool) error {
+func (p *producer) walk(root string, overlay, live bool) error {
 	links := map[fileID]string{} // first path of each inode with more than one link
+	// gone reports an entry of a live tree removed since it was listed.
+	gone := func(path string, err error) bool {
+		return live && path != root && errors.Is(err, fs.ErrNotExist)
+	}
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
+			if gone(path, err) {
+				return nil
+			}
 			return err
 		}
 		if err := p.ctx.Err(); err != nil {
@@ -387,12 +394,24 @@ func (p *producer) walk(root string, overlay bool) error {
 		rel = filepath.ToSlash(rel)
 		info, err := d.Info()
 		if err != nil {
+			if gone(path, err) {
+				return nil
+			}
 			return err
 		}
 		e := entry{Path: rel, Mode: uint32(info.Mode() & modeMask), MTime: info.ModTime().UnixNano()}
 		sys, _ := info.Sys().(*syscall.Stat_t)
 		if sys != nil {
 			e.UID, e.GID = int(sys.Uid), int(sys.Gid)
+		}
+		// skip leaves out an entry of a live tree that vanished, and
+		// forgets it as the first name of its inode.
+		var linkID *fileID
+		skip := func() error {
+			if linkID != nil {
+				delete(links, *linkID)
+			}
+			return nil
 		}
 		if overlay {
 			if sys != nil && !d.IsDir() && sys.Nlink > 1 {
@@ -401,9 +420,12 @@ func (p *producer) walk(root string, overlay bool) error {
 					p.st.Hardlinks++
 					return p.sendEntry(entry{Path: rel, Type: entryHardlink, Target: first})
 				}
-				links[id] = rel
+				links[id], linkID = rel, &id
 			}
 			if e.Xattrs, err = linux.Lxattrs(path, keepXattr); err != nil {
+				if gone(path, err) {
+					return skip()
+				}
 				return err
 			}
 		}
@@ -416,6 +438,9 @@ func (p *producer) walk(root string, overlay bool) error {
 			e.Type = entrySymlink
 			e.Mode = 0
 			if e.Target, err = os.Readlink(path); err != nil {
+				if gone(path, err) {
+					return skip()
+				}
 				return err
 			}
 			p.st.Symlinks++
@@ -424,6 +449,9 @@ func (p *producer) walk(root string, overlay bool) error {
 			e.Type = entryFile
 			f, err := os.Open(path)
 			if err != nil {
+				if gone(path, err) {
+					return skip()
+				}
 				return err
 			}
 			defer f.Close()
