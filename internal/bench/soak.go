@@ -106,7 +106,7 @@ func Soak(ctx context.Context, cfg SoakConfig) (rep *SoakReport, err error) {
 	name := "sk" + hex.EncodeToString(b)
 	link := testbed.Link{RateBps: 1_000_000_000, Delay: time.Millisecond}
 	spec := testbed.Spec{Name: name,
-		Nodes: []testbed.Endpoint{{Name: "node0", Link: link}, {Name: "node1", Link: link}, {Name: "node2", Link: link}},
+		Nodes:   []testbed.Endpoint{{Name: "node0", Link: link}, {Name: "node1", Link: link}, {Name: "node2", Link: link}},
 		Clients: []testbed.Endpoint{{Name: "client0", Link: link}}}
 	log.Info("bringing the soak testbed up", "name", name)
 	st, err := testbed.Up(ctx, spec, testbed.Options{Root: cfg.Root, Binary: cfg.Binary, ImageRoot: cfg.ImageRoot, Log: log})
@@ -417,7 +417,9 @@ func (c *counterClient) verify(ctx context.Context) (lost, dup int, err error) {
 	return lost, dup, nil
 }
 
-func soakValue(i int64) string { return "v" + strconv.FormatInt(i, 10) + "-" + strconv.FormatInt(i*2654435761%1000003, 10) }
+func soakValue(i int64) string {
+	return "v" + strconv.FormatInt(i, 10) + "-" + strconv.FormatInt(i*2654435761%1000003, 10)
+}
 
 // textConn is a connection with a buffered reader and per-call deadlines.
 type textConn struct {
