@@ -183,10 +183,34 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		tl = tls.NewListener(l, serverTLS)
 	}
+	// The operator API for agents on real hosts: operator certificates
+	// only (pki.IssueOperator), never a node's.
+	var otl net.Listener
+	if a.cfg.OperatorListen != "" {
+		ocfg, err := pki.OperatorServerConfig(a.cfg.TLSDir)
+		if err != nil {
+			ul.Close()
+			if tl != nil {
+				tl.Close()
+			}
+			return fmt.Errorf("operator listener: %w", err)
+		}
+		l, err := net.Listen("tcp", a.cfg.OperatorListen)
+		if err != nil {
+			ul.Close()
+			if tl != nil {
+				tl.Close()
+			}
+			return fmt.Errorf("listen %s: %w", a.cfg.OperatorListen, err)
+		}
+		otl = tls.NewListener(l, ocfg)
+	}
 	opSrv := &http.Server{Handler: a.operatorHandler(), ReadHeaderTimeout: 10 * time.Second}
+	opTLSSrv := &http.Server{Handler: operatorOnly(a.operatorHandler()), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
 	peerSrv := &http.Server{Handler: a.peerHandler(), ReadHeaderTimeout: 10 * time.Second,
 		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
-	errc := make(chan error, 2)
+	errc := make(chan error, 3)
 	serve := func(srv *http.Server, l net.Listener) {
 		defer a.wg.Done()
 		if err := srv.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -199,6 +223,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.wg.Add(1)
 		go serve(peerSrv, tl)
 	}
+	if otl != nil {
+		a.wg.Add(1)
+		go serve(opTLSSrv, otl)
+	}
 	a.recoverAll(ctx, pending)
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); a.syncPeers(ctx) }()
@@ -210,10 +238,10 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.wg.Add(1)
 		go func() { defer a.wg.Done(); a.serveMigrations(ctx, ml) }()
 	}
-	if err := os.WriteFile(filepath.Join(a.cfg.StateDir, "agent.pid"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
+	if err := linux.WriteFileAtomic(filepath.Join(a.cfg.StateDir, "agent.pid"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil {
 		a.log.Warn("write pid file", "err", err)
 	}
-	a.log.Info("agent ready", "role", a.cfg.Role, "socket", a.cfg.Socket, "listen", a.cfg.Listen)
+	a.log.Info("agent ready", "role", a.cfg.Role, "socket", a.cfg.Socket, "listen", a.cfg.Listen, "operator_listen", a.cfg.OperatorListen)
 
 	select {
 	case <-ctx.Done():
@@ -223,6 +251,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	defer cancel()
 	_ = opSrv.Shutdown(sctx)
 	_ = peerSrv.Shutdown(sctx)
+	_ = opTLSSrv.Shutdown(sctx)
 	if ml != nil {
 		ml.Close()
 	}

@@ -27,21 +27,25 @@ type Peer struct {
 // Config is everything an agent needs; the testbed (or an operator) writes
 // it as JSON and `edgehop agent --config FILE` reads it.
 type Config struct {
-	Node      string       `json:"node"`
-	Role      string       `json:"role"`
-	StateDir  string       `json:"state_dir"` // this node's own directory; nothing else is shared
-	Socket    string       `json:"socket"`    // local API (CLI)
-	Listen    string       `json:"listen"`    // peer API, on the underlay
-	Migrate   string       `json:"migrate"`   // migration listener (mTLS), on the underlay
-	VTEP      netip.Addr   `json:"vtep"`      // local VXLAN endpoint
-	VNI       int          `json:"vni"`       // VXLAN network identifier
-	Overlay   netip.Prefix `json:"overlay"`   // the service network
-	Gateway   netip.Addr   `json:"gateway"`   // containers' default gateway
-	Range     netip.Prefix `json:"range"`     // where this node allocates container IPs
-	Peers     []Peer       `json:"peers"`
-	ImageRoot string       `json:"image_root"` // local OCI image cache
-	TLSDir    string       `json:"tls_dir,omitempty"`
-	ScratchMB int          `json:"scratch_mb,omitempty"` // tmpfs for checkpoint images; 0 = tmpfs default
+	Node     string `json:"node"`
+	Role     string `json:"role"`
+	StateDir string `json:"state_dir"` // this node's own directory; nothing else is shared
+	Socket   string `json:"socket"`    // local API (CLI)
+	Listen   string `json:"listen"`    // peer API, on the underlay
+	Migrate  string `json:"migrate"`   // migration listener (mTLS), on the underlay
+	// OperatorListen, when set, also serves the operator API there, to
+	// clients with an operator certificate of the CA only (agents on real
+	// hosts; the testbed uses the unix socket).
+	OperatorListen string       `json:"operator_listen,omitempty"`
+	VTEP           netip.Addr   `json:"vtep"`    // local VXLAN endpoint
+	VNI            int          `json:"vni"`     // VXLAN network identifier
+	Overlay        netip.Prefix `json:"overlay"` // the service network
+	Gateway        netip.Addr   `json:"gateway"` // containers' default gateway
+	Range          netip.Prefix `json:"range"`   // where this node allocates container IPs
+	Peers          []Peer       `json:"peers"`
+	ImageRoot      string       `json:"image_root"` // local OCI image cache
+	TLSDir         string       `json:"tls_dir,omitempty"`
+	ScratchMB      int          `json:"scratch_mb,omitempty"` // tmpfs for checkpoint images; 0 = tmpfs default
 	// Controller is the base URL (https://host:port) of the controller's
 	// agent listener: the agent sends it heartbeats and RTT measurements
 	// over mutual TLS. Empty: no controller.

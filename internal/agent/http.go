@@ -209,6 +209,23 @@ func (a *Agent) peerHandler() http.Handler {
 	return a.peerOnly(mux)
 }
 
+// operatorOnly admits requests over TLS whose verified client certificate
+// is an operator's (the listener's handshake already insists; this keeps
+// the handler safe on any listener).
+func operatorOnly(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.TLS == nil {
+			writeErr(w, fmt.Errorf("%w: the operator API over TCP needs an operator certificate", ErrForbidden))
+			return
+		}
+		if _, err := pki.OperatorName(*r.TLS); err != nil {
+			writeErr(w, fmt.Errorf("%w: %v", ErrForbidden, err))
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 type peerKey struct{}
 
 func peerOf(ctx context.Context) Peer {

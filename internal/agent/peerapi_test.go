@@ -228,3 +228,52 @@ func TestDumpIDs(t *testing.T) {
 		})
 	}
 }
+
+// TestOperatorListener: over TCP the operator API admits operator
+// certificates of the deployment's CA only; a node's certificate (or
+// none) gets nothing.
+func TestOperatorListener(t *testing.T) {
+	p := newPeerAPI(t)
+	ca, err := pki.NewCA(filepath.Join(p.dir, "ca"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	opDir := filepath.Join(p.dir, "op")
+	if err := ca.IssueOperator(opDir, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(operatorOnly(p.a.operatorHandler()))
+	if srv.TLS, err = pki.OperatorServerConfig(p.a.cfg.TLSDir); err != nil {
+		t.Fatal(err)
+	}
+	srv.StartTLS()
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "https://")
+	opCfg, err := pki.OperatorClientConfig(opDir, "node0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	op := api.NewTCPClient(addr, &http.Client{Transport: &http.Transport{TLSClientConfig: opCfg}})
+	if _, err := op.Jobs(t.Context()); err != nil {
+		t.Fatalf("operator refused: %v", err)
+	}
+	nodeCfg, err := pki.ClientConfig(filepath.Join(p.dir, "node1"), "node0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := api.NewTCPClient(addr, &http.Client{Transport: &http.Transport{TLSClientConfig: nodeCfg}})
+	if _, err := node.Jobs(t.Context()); err == nil {
+		t.Fatal("a node's certificate drove the operator API")
+	}
+	// Without TLS, the handler itself refuses.
+	plain := httptest.NewServer(operatorOnly(p.a.operatorHandler()))
+	defer plain.Close()
+	resp, err := http.Get(plain.URL + "/v1/migrations")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden {
+		t.Fatalf("plain HTTP got %d, want 403", resp.StatusCode)
+	}
+}

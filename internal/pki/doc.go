@@ -9,8 +9,15 @@
 // certificates on both sides; PeerName tells the caller which node it is
 // talking to once the handshake is done.
 //
+// Operators get client certificates of the same CA (IssueOperator): no DNS
+// name or address, organisational unit "operator" and the single URI
+// edgehop:operator:NAME. Node certificates carry no URI, so neither kind
+// passes as the other. OperatorServerConfig and OperatorClientConfig are
+// the agent's optional operator listener and its clients.
+//
 // Files in a CA directory: ca.crt, ca.key. Files in a node directory:
-// ca.crt (the trust anchor), node.crt, node.key.
+// ca.crt (the trust anchor), node.crt, node.key. Files in an operator
+// directory: ca.crt, operator.crt, operator.key.
 //
 // This package uses crypto/x509 and crypto/tls only. It does not dial,
 // listen or move data (package transfer does), and it does not decide

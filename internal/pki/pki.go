@@ -281,7 +281,7 @@ func NodeName(dir string) (string, error) {
 // name and as their only DNS name. Anything else is not a node certificate.
 func certNodeName(c *x509.Certificate) (string, error) {
 	name := c.Subject.CommonName
-	if len(c.DNSNames) != 1 || c.DNSNames[0] != name || !nodeNameRE.MatchString(name) {
+	if len(c.DNSNames) != 1 || c.DNSNames[0] != name || !nodeNameRE.MatchString(name) || len(c.URIs) != 0 {
 		return "", fmt.Errorf("%w: certificate %q is not an edgehop node certificate", ErrNoPeerName, name)
 	}
 	return name, nil
