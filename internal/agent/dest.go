@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/edgehop/edgehop/internal/units"
+	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
 	"os"
@@ -93,6 +95,9 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	}
 	if a.cfg.Role != RoleNode {
 		return refuse(fmt.Errorf("%s does not run containers", a.cfg.Node))
+	}
+	if err := a.checkScratchSpace(p); err != nil {
+		return refuse(err)
 	}
 	if _, err := a.journal.Get(p.ID); err == nil {
 		return refuse(fmt.Errorf("%w: migration %s is already known here", ErrConflict, p.ID))
@@ -317,6 +322,31 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 func (in *incoming) takeTraffic(ctx context.Context) {
 	_, _ = in.warm.Release(in.p.MemoryBytes)
 	in.sw = in.a.takeTraffic(ctx, in.c)
+}
+
+// scratchHeadroom is the scratch space a migration needs beyond the
+// service's memory: CRIU's other images, the transfer's partial files.
+const scratchHeadroom = 32 << 20
+
+// checkScratchSpace refuses, before anything is frozen, a migration whose
+// images cannot fit in this node's scratch space: the service's memory
+// (its pages arrive in images, or in the pre-copy store) plus headroom;
+// post-copy's images hold no pages.
+func (a *Agent) checkScratchSpace(p migration.Prepare) error {
+	var st unix.Statfs_t
+	if err := unix.Statfs(a.scratchDir(), &st); err != nil {
+		return nil // unknown: the transfer's own bound decides
+	}
+	free := int64(st.Bavail) * st.Bsize
+	need := int64(scratchHeadroom)
+	if !p.Strategy.Lazy() {
+		need += p.MemoryBytes
+	}
+	if free < need {
+		return fmt.Errorf("%w: no space for %s on %s: its scratch space has %s free, the migration needs about %s (%s of memory); raise the node's scratch_mb or use post-copy",
+			ErrInvalid, p.Name, a.cfg.Node, units.FormatSize(free), units.FormatSize(need), units.FormatSize(p.MemoryBytes))
+	}
+	return nil
 }
 
 // maxStateSlack is what the images may exceed the service's reported

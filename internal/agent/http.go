@@ -139,26 +139,9 @@ func (a *Agent) operatorHandler() http.Handler {
 	})
 	// An operator may place endpoints of workloads it runs itself (the
 	// podman baseline of 'bench continuity' does).
-	operatorFDB := func(apply func(api.Endpoint) error) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			var e api.Endpoint
-			if err := decode(r, &e); err != nil {
-				writeErr(w, err)
-				return
-			}
-			if err := a.checkOperatorEndpoint(e); err != nil {
-				writeErr(w, err)
-				return
-			}
-			if err := apply(e); err != nil {
-				writeErr(w, err)
-				return
-			}
-			w.WriteHeader(http.StatusNoContent)
-		}
-	}
-	mux.HandleFunc("PUT /v1/fdb", operatorFDB(a.learn))
-	mux.HandleFunc("DELETE /v1/fdb", operatorFDB(a.forget))
+	opCheck := func(_ *http.Request, e api.Endpoint) error { return a.checkOperatorEndpoint(e) }
+	mux.HandleFunc("PUT /v1/fdb", fdbHandler(opCheck, a.learn))
+	mux.HandleFunc("DELETE /v1/fdb", fdbHandler(opCheck, a.forget))
 	mux.Handle("GET /metrics", a.metrics.Handler())
 	return mux
 }
@@ -173,26 +156,9 @@ func (a *Agent) peerHandler() http.Handler {
 	mux.HandleFunc("GET /v1/endpoints", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.Endpoints())
 	})
-	fdb := func(learn func(api.Endpoint) error) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
-			var e api.Endpoint
-			if err := decode(r, &e); err != nil {
-				writeErr(w, err)
-				return
-			}
-			if err := a.checkAnnouncement(peerOf(r.Context()), e); err != nil {
-				writeErr(w, err)
-				return
-			}
-			if err := learn(e); err != nil {
-				writeErr(w, err)
-				return
-			}
-			w.WriteHeader(http.StatusNoContent)
-		}
-	}
-	mux.HandleFunc("PUT /v1/fdb", fdb(a.learn))
-	mux.HandleFunc("DELETE /v1/fdb", fdb(a.forget))
+	peerCheck := func(r *http.Request, e api.Endpoint) error { return a.checkAnnouncement(peerOf(r.Context()), e) }
+	mux.HandleFunc("PUT /v1/fdb", fdbHandler(peerCheck, a.learn))
+	mux.HandleFunc("DELETE /v1/fdb", fdbHandler(peerCheck, a.forget))
 	mux.HandleFunc("GET /v1/peer/migrations/{id}", func(w http.ResponseWriter, r *http.Request) {
 		rec, err := a.journal.Get(r.PathValue("id"))
 		if err != nil {
@@ -224,6 +190,26 @@ func operatorOnly(next http.Handler) http.Handler {
 		}
 		next.ServeHTTP(w, r)
 	})
+}
+
+// fdbHandler decodes an endpoint, checks it and applies it to the FDB.
+func fdbHandler(check func(*http.Request, api.Endpoint) error, apply func(api.Endpoint) error) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var e api.Endpoint
+		if err := decode(r, &e); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if err := check(r, e); err != nil {
+			writeErr(w, err)
+			return
+		}
+		if err := apply(e); err != nil {
+			writeErr(w, err)
+			return
+		}
+		w.WriteHeader(http.StatusNoContent)
+	}
 }
 
 type peerKey struct{}

@@ -207,7 +207,8 @@ func (e *env) redisWithFailingRunc(node, verb string) (*testbed.State, *redisCon
 }
 
 // TestRollbackDestinationDiskFull: the destination's image space is too
-// small for the checkpoint; the service resumes on the source.
+// small for the checkpoint; the migration is refused before the freeze and
+// the service goes on where it was, with its connection and data.
 func TestRollbackDestinationDiskFull(t *testing.T) {
 	e := newEnv(t)
 	spec := testbed.DefaultSpec(e.name, 2, 1)
@@ -219,8 +220,19 @@ func TestRollbackDestinationDiskFull(t *testing.T) {
 	if err == nil {
 		t.Fatal("migration succeeded into an 8 MB tmpfs")
 	}
-	if !strings.Contains(strings.ToLower(errs), "no space") {
-		t.Errorf("error does not name the full disk: %s", errs)
+	// The destination sees before the freeze that the images cannot fit.
+	if !strings.Contains(strings.ToLower(errs), "no space") || !strings.Contains(errs, "scratch") {
+		t.Errorf("error does not name the full scratch space: %s", errs)
 	}
-	e.requireResumedOnSource(st, rc, n, size, errs, true)
+	var ps []ctr
+	e.mustJSON(&ps, "ps", "--json")
+	if len(ps) != 1 || ps[0].Node != "node0" {
+		t.Fatalf("after a refused migration ps = %+v, want redis on node0 only", ps)
+	}
+	if err := rc.verify(n, size); err != nil {
+		t.Fatalf("connection or data after the refusal: %v", err)
+	}
+	if left, _ := os.ReadDir(filepath.Join(st.Nodes[1].StateDir, "containers")); len(left) != 0 {
+		t.Errorf("destination kept %v after a refused migration", left)
+	}
 }

@@ -1,22 +1,15 @@
 package pki
 
 import (
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
-	"time"
-
-	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // Files in an operator directory: ca.crt, operator.crt, operator.key.
@@ -46,49 +39,12 @@ func (ca *CA) IssueOperator(dir, name string) error {
 	if !nodeNameRE.MatchString(name) {
 		return fmt.Errorf("%w: operator %q (letters, digits, '-' and '.', at most 63)", ErrBadNodeName, name)
 	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return fmt.Errorf("generate key for operator %s: %w", name, err)
-	}
-	serial, err := newSerial()
-	if err != nil {
-		return err
-	}
-	now := time.Now()
-	if ca.Now != nil {
-		now = ca.Now()
-	}
-	validity := ca.NodeValidity
-	if validity == 0 {
-		validity = DefaultNodeValidity
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name, Organization: []string{"edgehop"}, OrganizationalUnit: []string{operatorOU}},
-		URIs:         []*url.URL{{Scheme: operatorScheme, Opaque: operatorPrefix + name}},
-		NotBefore:    now.Add(-backdate),
-		NotAfter:     now.Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.key)
-	if err != nil {
-		return fmt.Errorf("sign certificate for operator %s: %w", name, err)
-	}
-	keyPEM, err := encodeKey(key)
-	if err != nil {
-		return err
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create operator dir: %w", err)
-	}
-	if err := linux.WriteFileAtomic(filepath.Join(dir, OperatorKeyFile), keyPEM, 0o600); err != nil {
-		return err
-	}
-	if err := linux.WriteFileAtomic(filepath.Join(dir, OperatorCertFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
-		return err
-	}
-	return linux.WriteFileAtomic(filepath.Join(dir, CACertFile), ca.certPEM, 0o644)
+	return ca.sign(dir, OperatorCertFile, OperatorKeyFile, "operator "+name, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: name, Organization: []string{"edgehop"}, OrganizationalUnit: []string{operatorOU}},
+		URIs:        []*url.URL{{Scheme: operatorScheme, Opaque: operatorPrefix + name}},
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	})
 }
 
 // OperatorName returns the operator named by the verified certificate of

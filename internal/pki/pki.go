@@ -168,12 +168,24 @@ func (ca *CA) Issue(dir, nodeName string, ips []net.IP) error {
 	if !nodeNameRE.MatchString(nodeName) {
 		return fmt.Errorf("%w: %q (letters, digits, '-' and '.', at most 63)", ErrBadNodeName, nodeName)
 	}
+	return ca.sign(dir, NodeCertFile, NodeKeyFile, "node "+nodeName, &x509.Certificate{
+		Subject:     pkix.Name{CommonName: nodeName, Organization: []string{"edgehop"}},
+		DNSNames:    []string{nodeName},
+		IPAddresses: ips,
+		KeyUsage:    x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+	})
+}
+
+// sign creates a key, completes tmpl (serial, validity) and signs it, and
+// writes the key (0600), the certificate and the CA certificate into dir
+// (created 0700), replacing what was there.
+func (ca *CA) sign(dir, certFile, keyFile, what string, tmpl *x509.Certificate) error {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
-		return fmt.Errorf("generate key for %s: %w", nodeName, err)
+		return fmt.Errorf("generate key for %s: %w", what, err)
 	}
-	serial, err := newSerial()
-	if err != nil {
+	if tmpl.SerialNumber, err = newSerial(); err != nil {
 		return err
 	}
 	now := time.Now()
@@ -184,31 +196,22 @@ func (ca *CA) Issue(dir, nodeName string, ips []net.IP) error {
 	if validity == 0 {
 		validity = DefaultNodeValidity
 	}
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: nodeName, Organization: []string{"edgehop"}},
-		DNSNames:     []string{nodeName},
-		IPAddresses:  ips,
-		NotBefore:    now.Add(-backdate),
-		NotAfter:     now.Add(validity),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-	}
+	tmpl.NotBefore, tmpl.NotAfter = now.Add(-backdate), now.Add(validity)
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, key.Public(), ca.key)
 	if err != nil {
-		return fmt.Errorf("sign certificate for %s: %w", nodeName, err)
+		return fmt.Errorf("sign certificate for %s: %w", what, err)
 	}
 	keyPEM, err := encodeKey(key)
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("create node dir: %w", err)
+		return fmt.Errorf("create certificate dir: %w", err)
 	}
-	if err := linux.WriteFileAtomic(filepath.Join(dir, NodeKeyFile), keyPEM, 0o600); err != nil {
+	if err := linux.WriteFileAtomic(filepath.Join(dir, keyFile), keyPEM, 0o600); err != nil {
 		return err
 	}
-	if err := linux.WriteFileAtomic(filepath.Join(dir, NodeCertFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
+	if err := linux.WriteFileAtomic(filepath.Join(dir, certFile), pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), 0o644); err != nil {
 		return err
 	}
 	return linux.WriteFileAtomic(filepath.Join(dir, CACertFile), ca.certPEM, 0o644)
