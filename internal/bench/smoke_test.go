@@ -122,3 +122,51 @@ func checkSideShape(t *testing.T, what string, m map[string]json.RawMessage) {
 		}
 	}
 }
+
+// TestSoakSmoke runs `edgehop bench soak --migrations 12 --json`: every
+// strategy migrates each of the three services, whose clients must see no
+// reset, lost byte or lost or duplicated key.
+func TestSoakSmoke(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter")
+	bin := os.Getenv("EDGEHOP_BIN")
+	if bin == "" {
+		dir := t.TempDir()
+		bin = filepath.Join(dir, "edgehop")
+		cmd := exec.Command("go", "build", "-o", bin, "../../cmd/edgehop")
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("build edgehop: %v\n%s", err, out)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "soak", "--migrations", "12", "--json", "--root", filepath.Join(t.TempDir(), "root"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var rep SoakReport
+	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil {
+		t.Fatalf("bench soak: %v (%v)\nstderr: %s\nstdout: %s", err, jerr, tail(stderr.String(), 2000), stdout.String())
+	}
+	t.Logf("soak: %d migrations, %d ok, %d resets, %d lost bytes, %d lost keys, ops %v, downtime %v",
+		rep.Migrations, rep.OK, rep.Resets, rep.LostBytes, rep.LostKeys, rep.Ops, rep.Downtime)
+	if err != nil {
+		t.Fatalf("bench soak failed: %v: %v", err, rep.Errors)
+	}
+	if rep.Migrations != 12 || rep.OK != 12 || len(rep.Downtime) != 4 {
+		t.Errorf("want 12 successful migrations over 4 strategies: %+v", rep)
+	}
+	for svc, n := range rep.Ops {
+		if n < 10 {
+			t.Errorf("%s's client made %d operations: the soak did not load it", svc, n)
+		}
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
+}

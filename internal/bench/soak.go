@@ -291,7 +291,8 @@ func (s *soak) errorf(format string, args ...any) {
 // and a read of key i.
 type counterProto interface {
 	write(c *textConn, i int64) (int64, error)
-	read(c *textConn, i int64) (string, error)
+	appendRead(b []byte, i int64) []byte
+	readReply(c *textConn) (string, error)
 }
 
 // counterClient keeps one connection to a stateful service and writes
@@ -389,7 +390,8 @@ func (c *counterClient) progressed(ctx context.Context, timeout time.Duration) e
 	return nil
 }
 
-// verify reads every acknowledged key on a new connection.
+// verify reads every acknowledged key on a new connection, pipelined in
+// batches.
 func (c *counterClient) verify(ctx context.Context) (lost, dup int, err error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
@@ -401,17 +403,28 @@ func (c *counterClient) verify(ctx context.Context) (lost, dup int, err error) {
 		skip[k] = true
 	}
 	n := c.acked.Load()
-	for i := int64(1); i <= n; i++ {
+	const batch = 500
+	for first := int64(1); first <= n; first += batch {
 		if ctx.Err() != nil {
 			return lost, dup, ctx.Err()
 		}
-		v, err := c.proto.read(conn, i)
-		if err != nil {
-			return lost, dup, fmt.Errorf("read key %d: %w", i, err)
+		last := min(first+batch-1, n)
+		var req []byte
+		for i := first; i <= last; i++ {
+			req = c.proto.appendRead(req, i)
 		}
-		if v != soakValue(i) && !skip[i] {
-			lost++
-			c.errorf("key %d reads %q", i, v)
+		if err := conn.send(req); err != nil {
+			return lost, dup, err
+		}
+		for i := first; i <= last; i++ {
+			v, err := c.proto.readReply(conn)
+			if err != nil {
+				return lost, dup, fmt.Errorf("read key %d: %w", i, err)
+			}
+			if v != soakValue(i) && !skip[i] {
+				lost++
+				c.errorf("key %d reads %q", i, v)
+			}
 		}
 	}
 	return lost, dup, nil
@@ -462,10 +475,11 @@ func (redisProto) write(t *textConn, i int64) (int64, error) {
 	return strconv.ParseInt(v, 10, 64)
 }
 
-func (redisProto) read(t *textConn, i int64) (string, error) {
-	if err := t.send(appendCommand(nil, []byte("GET"), []byte("soak:"+strconv.FormatInt(i, 10)))); err != nil {
-		return "", err
-	}
+func (redisProto) appendRead(b []byte, i int64) []byte {
+	return appendCommand(b, []byte("GET"), []byte("soak:"+strconv.FormatInt(i, 10)))
+}
+
+func (redisProto) readReply(t *textConn) (string, error) {
 	return (&redisConn{c: t.c, br: t.br}).reply()
 }
 
@@ -496,10 +510,11 @@ func (mcProto) write(t *textConn, i int64) (int64, error) {
 	return strconv.ParseInt(l, 10, 64)
 }
 
-func (mcProto) read(t *textConn, i int64) (string, error) {
-	if err := t.send([]byte(fmt.Sprintf("get soak:%d\r\n", i))); err != nil {
-		return "", err
-	}
+func (mcProto) appendRead(b []byte, i int64) []byte {
+	return fmt.Appendf(b, "get soak:%d\r\n", i)
+}
+
+func (mcProto) readReply(t *textConn) (string, error) {
 	l, err := t.line()
 	if err != nil {
 		return "", err

@@ -221,3 +221,35 @@ func TestAPIAndOpenAPI(t *testing.T) {
 		t.Errorf("handoffs: %d, %v", len(es), err)
 	}
 }
+
+// A restarted controller makes no decision for a service until an agent
+// lists it: the store's node may be stale (a migration may have ended
+// while the controller was down), and deciding from it would migrate
+// from a node that no longer runs the service.
+func TestRestoredServiceWaitsForItsNode(t *testing.T) {
+	e, err := NewEngine(topo.Line(3, 2, 300), radio.DefaultModel(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	e.Restore([]UserState{{Name: "alice", Pos: topo.Point{X: 800}}},
+		[]ServiceState{{Name: "redis", User: "alice", Node: "node0", Policy: policy.Config{Kind: policy.KindRegion}}})
+	for _, n := range []string{"node0", "node1", "node2"} {
+		if err := e.Heartbeat(n, "", 0, nil, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if ds := e.Decide("", now); len(ds) != 0 {
+		t.Fatalf("decided %+v for a service no agent has listed since the restart", ds)
+	}
+	if err := e.Heartbeat("node2", "", 0, []string{"redis"}, now); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := e.Service("redis"); s.Node != "node2" {
+		t.Fatalf("service on %s after node2 listed it", s.Node)
+	}
+	ds := e.Decide("", now)
+	if len(ds) != 1 || ds[0].Migrate {
+		t.Fatalf("decisions %+v, want one, staying on node2 (the user's region)", ds)
+	}
+}

@@ -56,6 +56,12 @@ type ServiceState struct {
 	LastMigration time.Time     `json:"last_migration"`
 	// Migrating is the id of the migration under way ("" when none).
 	Migrating string `json:"migrating,omitempty"`
+
+	// unplaced: read back from the store by a restarted controller and
+	// not yet seen in an agent's heartbeat, so Node may be stale (a
+	// migration may have ended while the controller was down); no
+	// decision is made for it until an agent lists it.
+	unplaced bool
 }
 
 // Engine holds the controller's state and makes its decisions: tier-1
@@ -129,7 +135,7 @@ func (e *Engine) Heartbeat(node, address string, linkBps float64, containers []s
 	// The agents are the truth about where a service runs.
 	for _, c := range containers {
 		if s, ok := e.services[c]; ok && s.Migrating == "" {
-			s.Node = node
+			s.Node, s.unplaced = node, false
 		}
 	}
 	return nil
@@ -309,7 +315,7 @@ func (e *Engine) DecideEach(user string, now time.Time, fn func(policy.Decision)
 // or its user is unknown.
 func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool) {
 	s := e.services[name]
-	if s == nil || s.Migrating != "" {
+	if s == nil || s.Migrating != "" || s.unplaced {
 		return policy.Decision{}, false
 	}
 	u := e.users[s.User]
@@ -420,6 +426,7 @@ func (e *Engine) Restore(users []UserState, services []ServiceState) {
 	for _, s := range services {
 		sc := s
 		sc.Migrating = "" // the agents' heartbeats tell where it runs
+		sc.unplaced = true
 		if _, dup := e.services[s.Name]; !dup {
 			e.byUser[s.User] = append(e.byUser[s.User], s.Name)
 		}

@@ -1,19 +1,25 @@
 package e2e
 
 import (
+	"bytes"
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/edgehop/edgehop/internal/follow"
 	"github.com/edgehop/edgehop/internal/testutil"
 )
 
 // TestServicesFollowTheirUser runs the main job on the real testbed under
-// three policies: a user walks across three regions with a redis client
+// each policy (under the latency policy the controller is killed mid-walk
+// and must resume from its store): a user walks across three regions with a redis client
 // (four connections of load) while the controller hands their
 // connectivity between access points and migrates the followed redis.
 // The walk is faster than the demo's so the suite stays short. Each time:
@@ -22,12 +28,25 @@ import (
 // on the last region's node, no client request fails, and every key
 // reads back intact.
 func TestServicesFollowTheirUser(t *testing.T) {
-	for _, pol := range []string{"latency", "region", "teka"} {
+	for _, pol := range []string{"latency", "region", "teka", "throughput", "model"} {
 		t.Run(pol, func(t *testing.T) {
 			e := newEnv(t)
 			testutil.RequireTool(t, "ping")
 			reports := filepath.Join(e.root, "report")
-			out, stderr, err := e.run("demo", "--json", "--policy", pol, "--speed", "25", "--root", e.root, "--report-dir", reports)
+			cmd := exec.Command(e.bin, "demo", "--json", "--policy", pol, "--speed", "25", "--root", e.root, "--report-dir", reports)
+			var outb, errb bytes.Buffer
+			cmd.Stdout, cmd.Stderr = &outb, &errb
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			if pol == "latency" {
+				// The controller dies mid-walk, after its first migration;
+				// the supervisor restarts it and it resumes from its store.
+				e.killControllerAfterMigration(t, "demo")
+				e.checkDashboard(t, "demo", reports)
+			}
+			err := cmd.Wait()
+			out, stderr := outb.String(), errb.String()
 			if err != nil {
 				t.Fatalf("demo --policy %s: %v\n%s\n%s", pol, err, tail(stderr, 3000), tail(out, 2000))
 			}
@@ -71,6 +90,140 @@ func TestServicesFollowTheirUser(t *testing.T) {
 			}
 		})
 	}
+}
+
+// killControllerAfterMigration waits until testbed tb's controller has
+// made a migration, kills it with SIGKILL and waits until the supervisor
+// has restarted it.
+func (e *env) killControllerAfterMigration(t *testing.T, tb string) {
+	t.Helper()
+	status := func() (pid int, migrations int) {
+		var st struct {
+			Controller struct {
+				PID int `json:"pid"`
+			} `json:"controller"`
+		}
+		out, _, err := e.run("testbed", "status", "--json", "--testbed", tb, "--root", e.root)
+		if err != nil || json.Unmarshal([]byte(out), &st) != nil {
+			return 0, 0
+		}
+		var jobs []json.RawMessage
+		out, _, err = e.run("migrations", "--json", "--testbed", tb, "--root", e.root)
+		if err == nil {
+			_ = json.Unmarshal([]byte(out), &jobs)
+		}
+		return st.Controller.PID, len(jobs)
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		pid, jobs := status()
+		if pid > 0 && jobs > 0 {
+			if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+				t.Fatalf("kill controller %d: %v", pid, err)
+			}
+			t.Logf("killed the controller (pid %d) after %d migration jobs", pid, jobs)
+			for {
+				if npid, _ := status(); npid > 0 && npid != pid {
+					t.Logf("controller restarted as pid %d", npid)
+					return
+				}
+				if time.Now().After(deadline) {
+					t.Fatal("controller not restarted")
+				}
+				time.Sleep(50 * time.Millisecond)
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no migration within 3 minutes")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// checkDashboard loads testbed tb's controller dashboard in headless
+// Chromium, keeps a screenshot beside the report and checks that the
+// page shows the nodes, the user and a migration.
+func (e *env) checkDashboard(t *testing.T, tb, dir string) {
+	t.Helper()
+	chromium, err := exec.LookPath("chromium")
+	if err != nil {
+		t.Skip("skipped: chromium not installed (make setup installs it)")
+	}
+	var st struct {
+		Controller struct {
+			URL string `json:"url"`
+		} `json:"controller"`
+	}
+	out, _, err := e.run("testbed", "status", "--json", "--testbed", tb, "--root", e.root)
+	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Controller.URL == "" {
+		t.Fatalf("controller URL: %v: %s", err, out)
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	browse := func(args ...string) (string, error) {
+		// A profile of its own each time: a second chromium on one
+		// profile hands its work to the first and prints nothing.
+		profile, err := os.MkdirTemp(dir, "chromium-profile-")
+		if err != nil {
+			return "", err
+		}
+		defer os.RemoveAll(profile)
+		cmd := exec.Command(chromium, append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+			"--user-data-dir=" + profile, "--virtual-time-budget=10000"}, append(args, st.Controller.URL)...)...)
+		var outb, errb bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &outb, &errb
+		done := make(chan error, 1)
+		if err := cmd.Start(); err != nil {
+			return "", err
+		}
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				return outb.String(), fmt.Errorf("%v: %s", err, tail(errb.String(), 1000))
+			}
+			return outb.String(), nil
+		case <-time.After(90 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			return outb.String(), fmt.Errorf("chromium did not finish within 90 s: %s", tail(errb.String(), 1000))
+		}
+	}
+	shot := filepath.Join(dir, "dashboard.png")
+	if _, err := browse("--screenshot="+shot, "--window-size=1280,1600"); err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if fi, err := os.Stat(shot); err != nil || fi.Size() < 10_000 {
+		t.Fatalf("screenshot %s: %v (%d bytes)", shot, err, fi.Size())
+	}
+	dom, err := browse("--dump-dom")
+	if err != nil {
+		t.Fatalf("dump DOM: %v", err)
+	}
+	section := func(id string) string {
+		i := strings.Index(dom, `id="`+id+`"`)
+		if i < 0 {
+			return ""
+		}
+		j := strings.Index(dom[i:], "</table>")
+		if j < 0 {
+			return dom[i:]
+		}
+		return dom[i : i+j]
+	}
+	for _, n := range []string{"node0", "node1", "node2"} {
+		if !strings.Contains(section("nodes"), ">"+n+"<") {
+			t.Errorf("dashboard's node table lacks %s", n)
+		}
+	}
+	if !strings.Contains(section("users"), ">client0<") {
+		t.Errorf("dashboard's user table lacks client0")
+	}
+	if m := section("migrations"); !strings.Contains(m, "migration-row") || !strings.Contains(m, ">redis<") {
+		t.Errorf("dashboard shows no migration of redis: %s", tail(m, 600))
+	}
+	t.Logf("dashboard: screenshot %s, %d bytes of DOM", shot, len(dom))
 }
 
 // tail is the last n bytes of s.

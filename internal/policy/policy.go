@@ -280,6 +280,10 @@ func towardsBest(v View, c Config, d Decision, why string) Decision {
 	}
 	d.Inputs.RTTTargetMs = rtt
 	cur, ok := v.User.RTTMs[v.Service.Node]
+	if !ok && v.node(v.Service.Node).Alive {
+		d.Reason = fmt.Sprintf("%s; but %s, serving, has not measured the user yet: no comparison", why, v.Service.Node)
+		return d
+	}
 	if ok && v.node(v.Service.Node).Alive && rtt > cur-c.HysteresisMs {
 		d.Reason = fmt.Sprintf("%s; but %s (%.2f ms) is not %.2f ms better than %s (%.2f ms)", why, to, rtt, c.HysteresisMs, v.Service.Node, cur)
 		return d
@@ -393,6 +397,10 @@ func teka(v View, c Config, d Decision) Decision {
 		return d
 	}
 	cur, okCur := v.User.RTTMs[v.Service.Node]
+	if !okCur && v.node(v.Service.Node).Alive {
+		d.Reason = fmt.Sprintf("%s, serving, has not measured the user yet: no comparison", v.Service.Node)
+		return d
+	}
 	if okCur && rttTo > cur-c.HysteresisMs && v.node(v.Service.Node).Alive {
 		d.Reason = fmt.Sprintf("%s (%.2f ms) is not %.2f ms better than %s (%.2f ms)", to, rttTo, c.HysteresisMs, v.Service.Node, cur)
 		return d

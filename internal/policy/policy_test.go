@@ -191,3 +191,21 @@ func TestBorderNoOscillation(t *testing.T) {
 		}
 	}
 }
+
+// Before the serving node has measured the user (a service just placed,
+// a restarted agent), no policy compares it with the others: a decision
+// on partial measurements would move the service away from the closest
+// node.
+func TestNoDecisionWithoutTheServingNodesMeasurement(t *testing.T) {
+	for _, kind := range []string{KindLatency, KindTeka, KindThroughput} {
+		v := view(kind, 100) // near node0, which serves
+		delete(v.User.RTTMs, "node0")
+		v.User.LatencyMs = 50 // the device's own report: above any threshold
+		v.User.ThroughputOps = 1
+		v.Service.Config.ThresholdMs = 4
+		v.Service.Config.MinOps = 1000
+		if d := Decide(v); d.Migrate {
+			t.Errorf("%s: migrated to %s without node0's measurement: %s", kind, d.To, d.Reason)
+		}
+	}
+}
