@@ -84,8 +84,17 @@ const controllerCertName = "controller"
 func (r *reporter) beat(ctx context.Context) error {
 	a := r.a
 	hb := api.Heartbeat{Node: a.cfg.Node, Address: a.cfg.VTEP.String()}
+	migrating := map[string]bool{}
+	for _, j := range a.jobs.all() {
+		if _, ended, _ := j.snapshot(a.cfg.Node); !ended {
+			migrating[j.container] = true
+		}
+	}
+	for name := range migrating {
+		hb.Migrating = append(hb.Migrating, name)
+	}
 	for _, c := range a.List(ctx) {
-		if c.Status == string(runc.StatusRunning) {
+		if c.Status == string(runc.StatusRunning) && !migrating[c.Name] {
 			hb.Containers = append(hb.Containers, c.Name)
 		}
 	}

@@ -426,6 +426,10 @@ type Heartbeat struct {
 	Address    string   `json:"address,omitempty"`
 	LinkBps    float64  `json:"link_bps,omitempty"`
 	Containers []string `json:"containers"`
+	// Migrating are the containers taking part in a migration job on the
+	// node (as its source or destination): where they run is about to
+	// change, and they are not in Containers.
+	Migrating []string `json:"migrating,omitempty"`
 	// NeighbourRTTMs and UserRTTMs are the agent's latest measurements
 	// (nil: none since the last heartbeat).
 	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`

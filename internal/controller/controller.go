@@ -439,6 +439,7 @@ func (c *Controller) Heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heart
 	if err := c.eng.Heartbeat(hb.Node, hb.Address, hb.LinkBps, hb.Containers, time.Now()); err != nil {
 		return api.HeartbeatReply{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
+	c.eng.Busy(hb.Migrating)
 	if !wasAlive {
 		c.event("node-alive", fmt.Sprintf("%s heartbeats", hb.Node), map[string]any{"node": hb.Node})
 	}

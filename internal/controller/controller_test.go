@@ -253,3 +253,34 @@ func TestRestoredServiceWaitsForItsNode(t *testing.T) {
 		t.Fatalf("decisions %+v, want one, staying on node2 (the user's region)", ds)
 	}
 }
+
+// A service an agent reports in a migration the controller did not start
+// (or lost track of when it restarted) gets no decision until an agent
+// lists it running again.
+func TestBusyServiceWaits(t *testing.T) {
+	e, err := NewEngine(topo.Line(3, 2, 300), radio.DefaultModel(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	e.AddUser(UserState{Name: "alice", Pos: topo.Point{X: 800}})
+	if err := e.AddService(ServiceState{Name: "redis", User: "alice", Node: "node0", Policy: policy.Config{Kind: policy.KindRegion}}); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"node0", "node1", "node2"} {
+		if err := e.Heartbeat(n, "", 0, nil, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.Busy([]string{"redis"})
+	if ds := e.Decide("", now); len(ds) != 0 {
+		t.Fatalf("decided %+v for a service in a migration", ds)
+	}
+	if err := e.Heartbeat("node1", "", 0, []string{"redis"}, now); err != nil {
+		t.Fatal(err)
+	}
+	ds := e.Decide("", now)
+	if s, _ := e.Service("redis"); s.Node != "node1" || len(ds) != 1 || ds[0].From != "node1" {
+		t.Fatalf("after node1 listed it: on %s, decisions %+v", s.Node, ds)
+	}
+}

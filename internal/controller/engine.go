@@ -141,6 +141,20 @@ func (e *Engine) Heartbeat(node, address string, linkBps float64, containers []s
 	return nil
 }
 
+// Busy records services an agent reports taking part in a migration the
+// controller may not know of (started before it restarted, or by an
+// operator): no decision is made for them until an agent lists them
+// running again.
+func (e *Engine) Busy(names []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, n := range names {
+		if s, ok := e.services[n]; ok && s.Migrating == "" {
+			s.unplaced = true
+		}
+	}
+}
+
 // Measurements records a node's measured RTTs: to its neighbours and to
 // users' devices.
 func (e *Engine) Measurements(node string, neighbours, users map[string]float64) error {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -161,6 +162,24 @@ func (e *env) checkDashboard(t *testing.T, tb, dir string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	// Wait for the controller to have recorded a migration (the one under
+	// way when it was killed is not in its history).
+	deadline := time.Now().Add(2 * time.Minute)
+	for {
+		var ms []json.RawMessage
+		resp, err := http.Get(st.Controller.URL + "/v1/migrations?limit=5")
+		if err == nil {
+			_ = json.NewDecoder(resp.Body).Decode(&ms)
+			resp.Body.Close()
+		}
+		if len(ms) > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the controller recorded no migration within 2 minutes")
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 	browse := func(args ...string) (string, error) {
 		// A profile of its own each time: a second chromium on one
 		// profile hands its work to the first and prints nothing.
@@ -170,7 +189,7 @@ func (e *env) checkDashboard(t *testing.T, tb, dir string) {
 		}
 		defer os.RemoveAll(profile)
 		cmd := exec.Command(chromium, append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-			"--user-data-dir=" + profile, "--virtual-time-budget=10000"}, append(args, st.Controller.URL)...)...)
+			"--user-data-dir=" + profile, "--virtual-time-budget=5000"}, append(args, st.Controller.URL+"/?nostream")...)...)
 		var outb, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &outb, &errb
 		done := make(chan error, 1)

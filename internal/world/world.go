@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/edgehop/edgehop/internal/api"
 	"math"
 	"time"
 
@@ -64,6 +65,9 @@ type Config struct {
 	OnTick func(elapsed time.Duration, pos map[string]topo.Point)
 }
 
+// controllerGrace is how long the controller may stay unreachable.
+const controllerGrace = 30 * time.Second
+
 // Run replays the traces in real time until the longest ends or ctx ends.
 // With more than one user, each node's link follows the first user (the
 // emulation places one user per testbed at distance).
@@ -87,6 +91,10 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 	idx := topo.NewIndex(cfg.Plane)
 	start := time.Now()
+	// A controller that restarts is unreachable for a moment: the users
+	// go on walking (their links follow), and only a controller gone for
+	// longer than controllerGrace ends the run.
+	var unreachableSince time.Time
 	t := time.NewTicker(cfg.Tick)
 	defer t.Stop()
 	for {
@@ -98,7 +106,14 @@ func Run(ctx context.Context, cfg Config) error {
 				rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				_, err := cfg.Controller.Move(rctx, u, pos[u])
 				cancel()
-				if err != nil && ctx.Err() == nil {
+				switch {
+				case err == nil:
+					unreachableSince = time.Time{}
+				case ctx.Err() != nil:
+				case errors.Is(err, api.ErrUnavailable) && unreachableSince.IsZero():
+					unreachableSince = time.Now()
+				case errors.Is(err, api.ErrUnavailable) && time.Since(unreachableSince) < controllerGrace:
+				default:
 					return fmt.Errorf("world: report %s's position: %w", u, err)
 				}
 			}
