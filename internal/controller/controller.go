@@ -72,6 +72,9 @@ const (
 	recTopology = "topology"
 	recUser     = "user"
 	recService  = "service"
+	// recInFlight: a migration job started and not yet recorded as
+	// ended, so that a controller that restarts follows it to its end.
+	recInFlight = "in-flight"
 	recNode     = "node"
 )
 
@@ -140,6 +143,7 @@ func (c *Controller) Engine() *Engine { return c.eng }
 // deciding every service again, persisting the state.
 func (c *Controller) Run(ctx context.Context) error {
 	c.runCtx = ctx
+	c.resumeInFlight(ctx)
 	t := time.NewTicker(c.cfg.Tick)
 	defer t.Stop()
 	for {
@@ -399,31 +403,82 @@ func (c *Controller) migrate(d policy.Decision) {
 	}
 	rec.ID = j.ID
 	c.eng.Started(d.Service, j.ID)
+	if err := c.store.Put(ctx, recInFlight, j.ID, rec); err != nil {
+		c.log.Warn("persist in-flight migration", "id", j.ID, "err", err)
+	}
 	c.events.publish("migration-started", rec)
+	c.follow(ctx, cl, rec, s.Node)
+}
+
+// follow waits for the migration job rec.ID on its source's agent cl to
+// end, records its result and where the service is (from when it did
+// not move), and forgets the in-flight record.
+func (c *Controller) follow(ctx context.Context, cl *api.Client, rec MigrationRecord, from string) {
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	done, err := cl.FollowJob(fctx, j.ID, func(p api.Progress) {
-		c.events.publish("migration-progress", map[string]any{"id": j.ID, "service": d.Service, "progress": p})
+	done, err := cl.FollowJob(fctx, rec.ID, func(p api.Progress) {
+		c.events.publish("migration-progress", map[string]any{"id": rec.ID, "service": rec.Service, "progress": p})
 	})
 	var res migration.Result
 	if err == nil && len(done.Result) > 0 {
 		err = json.Unmarshal(done.Result, &res)
 	}
+	defer func() {
+		if err := c.store.Delete(ctx, recInFlight, rec.ID); err != nil {
+			c.log.Warn("forget in-flight migration", "id", rec.ID, "err", err)
+		}
+	}()
 	if err != nil {
 		rec.Error, rec.Outcome = err.Error(), "unknown"
 		// The agents' heartbeats tell where it runs.
-		c.eng.Migrated(d.Service, "", false, time.Now())
+		c.eng.Migrated(rec.Service, "", false, time.Now())
 		c.record(KindMigrations, rec)
 		return
 	}
 	rec.OK, rec.Outcome, rec.Error = res.OK, string(res.Outcome), res.Error
 	rec.DowntimeMs, rec.TotalMs, rec.PhasesMs, rec.Bytes = res.DowntimeMs, res.TotalMs, res.PhasesMs, res.BytesOnWire
-	at := s.Node
+	at := from
 	if res.OK {
-		at = d.To
+		at = rec.To
 	}
-	c.eng.Migrated(d.Service, at, res.OK, time.Now())
+	c.eng.Migrated(rec.Service, at, res.OK, time.Now())
 	c.record(KindMigrations, rec)
+}
+
+// resumeInFlight follows, after a restart, the migrations the controller
+// had started and not seen end: their jobs belong to the agents and went
+// on without it. Each is recorded when it ends; meanwhile its service is
+// busy (no decision for it).
+func (c *Controller) resumeInFlight(ctx context.Context) {
+	var recs []MigrationRecord
+	if err := c.store.List(ctx, recInFlight, func(_ string, raw json.RawMessage) error {
+		var r MigrationRecord
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return err
+		}
+		recs = append(recs, r)
+		return nil
+	}); err != nil {
+		c.log.Warn("read in-flight migrations", "err", err)
+		return
+	}
+	for _, r := range recs {
+		if c.cfg.Agents == nil {
+			break
+		}
+		cl, err := c.cfg.Agents.Agent(r.From)
+		if err != nil {
+			c.log.Warn("resume in-flight migration", "id", r.ID, "err", err)
+			continue
+		}
+		c.eng.Started(r.Service, r.ID)
+		c.event("migration-resumed", fmt.Sprintf("following migration %s of %s (%s -> %s), started before the restart", r.ID, r.Service, r.From, r.To), map[string]any{"service": r.Service, "id": r.ID})
+		c.wg.Add(1)
+		go func() {
+			defer c.wg.Done()
+			c.follow(context.WithoutCancel(ctx), cl, r, r.From)
+		}()
+	}
 }
 
 // Heartbeat records an agent's report and answers with what it should

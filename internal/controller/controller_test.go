@@ -284,3 +284,73 @@ func TestBusyServiceWaits(t *testing.T) {
 		t.Fatalf("after node1 listed it: on %s, decisions %+v", s.Node, ds)
 	}
 }
+
+// oneAgent serves, as every node's agent, the events of migration jobs
+// that have ended: a unit-test seam standing in for the agents' operator
+// API.
+type oneAgent struct{ url string }
+
+func (a oneAgent) Agent(string) (*api.Client, error) {
+	return api.NewTCPClient(strings.TrimPrefix(a.url, "http://"), http.DefaultClient), nil
+}
+
+// A controller killed while a migration it started ran follows the job
+// to its end after its restart, and records it with the decision's
+// policy and reason.
+func TestResumeInFlightMigration(t *testing.T) {
+	res, _ := json.Marshal(map[string]any{"ok": true, "outcome": "ok", "downtime_ms": 123.0})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasSuffix(r.URL.Path, "/v1/migrations/m1/events") {
+			http.NotFound(w, r)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(api.JobEvent{Done: &api.Job{ID: "m1", State: "ok", Result: res}})
+	}))
+	defer srv.Close()
+	path := filepath.Join(t.TempDir(), "c.db")
+	st, err := store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if err := st.Put(ctx, recInFlight, "m1", MigrationRecord{ID: "m1", Service: "redis", User: "alice", From: "node0", To: "node1",
+		Strategy: "stop-and-copy", Policy: "latency", Reason: "above the threshold"}); err != nil {
+		t.Fatal(err)
+	}
+	st.Close()
+	st, err = store.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	c, err := New(ctx, Config{Topology: topo.Line(3, 2, 300), Radio: radio.DefaultModel(), Store: st, Access: &fakeAccess{}, Agents: oneAgent{srv.URL}, Tick: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	var got []store.Entry
+	deadline := time.Now().Add(10 * time.Second)
+	for len(got) == 0 && time.Now().Before(deadline) {
+		got, _ = st.History(ctx, KindMigrations, 0, 10)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if len(got) != 1 {
+		t.Fatalf("history has %d migrations, want the resumed one", len(got))
+	}
+	var rec MigrationRecord
+	if err := json.Unmarshal(got[0].Data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	if rec.ID != "m1" || !rec.OK || rec.DowntimeMs != 123 || rec.Reason != "above the threshold" {
+		t.Fatalf("recorded %+v", rec)
+	}
+	n := 0
+	_ = st.List(ctx, recInFlight, func(string, json.RawMessage) error { n++; return nil })
+	if n != 0 {
+		t.Fatalf("%d in-flight records left", n)
+	}
+}
