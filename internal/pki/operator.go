@@ -7,8 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
-	"os"
-	"path/filepath"
 	"strings"
 )
 
@@ -97,17 +95,9 @@ func OperatorClientConfig(dir, serverName string) (*tls.Config, error) {
 	if serverName == "" {
 		return nil, errors.New("operator client config: empty server name")
 	}
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, OperatorCertFile), filepath.Join(dir, OperatorKeyFile))
+	cert, pool, err := loadPair(dir, OperatorCertFile, OperatorKeyFile, "operator")
 	if err != nil {
-		return nil, fmt.Errorf("load operator certificate from %s: %w", dir, err)
-	}
-	caPEM, err := os.ReadFile(filepath.Join(dir, CACertFile))
-	if err != nil {
-		return nil, fmt.Errorf("read CA certificate: %w", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, fmt.Errorf("CA certificate in %s: no PEM certificate", dir)
+		return nil, err
 	}
 	return &tls.Config{
 		MinVersion:       tls.VersionTLS13,

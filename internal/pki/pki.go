@@ -298,9 +298,15 @@ func verifyPeerName(cs tls.ConnectionState) error {
 }
 
 func loadNode(dir string) (tls.Certificate, *x509.CertPool, error) {
-	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, NodeCertFile), filepath.Join(dir, NodeKeyFile))
+	return loadPair(dir, NodeCertFile, NodeKeyFile, "node")
+}
+
+// loadPair loads a certificate and its key from dir, and the CA
+// certificate kept beside them as a pool.
+func loadPair(dir, certFile, keyFile, what string) (tls.Certificate, *x509.CertPool, error) {
+	cert, err := tls.LoadX509KeyPair(filepath.Join(dir, certFile), filepath.Join(dir, keyFile))
 	if err != nil {
-		return tls.Certificate{}, nil, fmt.Errorf("load node certificate from %s: %w", dir, err)
+		return tls.Certificate{}, nil, fmt.Errorf("load %s certificate from %s: %w", what, dir, err)
 	}
 	caPEM, err := os.ReadFile(filepath.Join(dir, CACertFile))
 	if err != nil {
