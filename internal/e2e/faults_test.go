@@ -22,15 +22,20 @@ import (
 // Mbit/s) that every phase of a migration of redis holding 50 MB lasts long
 // enough to be hit, with an open client connection to redis on node0.
 type faultBed struct {
-	e    *env
-	st   *testbed.State
-	rc   *redisConn
-	addr string
+	e          *env
+	st         *testbed.State
+	rc         *redisConn
+	addr       string
+	keys, size int // what redis holds
 }
 
 const faultKeys, faultSize = 50_000, 1000
 
-func newFaultBed(t *testing.T) *faultBed {
+func newFaultBed(t *testing.T) *faultBed { return newFaultBedHolding(t, faultKeys, faultSize) }
+
+// newFaultBedHolding is newFaultBed with redis holding keys values of
+// size bytes.
+func newFaultBedHolding(t *testing.T, keys, size int) *faultBed {
 	e := newEnv(t)
 	spec := testbed.DefaultSpec(e.name, 2, 1)
 	for i := range spec.Nodes {
@@ -39,8 +44,8 @@ func newFaultBed(t *testing.T) *faultBed {
 	spec.Clients[0].Link.RateBps = 1_000_000_000
 	st := e.upAPI(spec, testbed.Options{})
 	e.logsOnFailure(st)
-	addr, rc := e.redisWithData(st, faultKeys, faultSize)
-	return &faultBed{e: e, st: st, rc: rc, addr: addr}
+	addr, rc := e.redisWithData(st, keys, size)
+	return &faultBed{e: e, st: st, rc: rc, addr: addr, keys: keys, size: size}
 }
 
 func (f *faultBed) node(name string) testbed.Member {
@@ -175,7 +180,7 @@ func (f *faultBed) check(want string) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if err := f.rc.verify(faultKeys, faultSize); err != nil {
+	if err := f.rc.verify(f.keys, f.size); err != nil {
 		t.Fatalf("the client's connection or the data after the fault: %v", err)
 	}
 	other := "node0"
@@ -266,6 +271,26 @@ func TestKillAgentMidMigration(t *testing.T) {
 			out := f.settle(id)
 			t.Logf("killed %s's agent in its phase %q; the source ended %s", tc.victim, killedIn, out)
 			f.check(tc.want)
+		})
+	}
+}
+
+// TestKillAgentMidMigration300MB: the same with redis holding 300 MB
+// (300 values of 1 MB), the source's and the destination's agent killed
+// while the state crosses the link.
+func TestKillAgentMidMigration300MB(t *testing.T) {
+	transferring := func(f *faultBed, id string) bool {
+		return f.phase("node0", id) == migration.Frozen && f.receiving("node1")
+	}
+	for _, victim := range []string{"node0", "node1"} {
+		t.Run(victim, func(t *testing.T) {
+			f := newFaultBedHolding(t, 300, 1<<20)
+			id := f.start("stop-and-copy")
+			f.waitFor("the transfer", func() bool { return transferring(f, id) })
+			f.kill(victim)
+			out := f.settle(id)
+			t.Logf("killed %s's agent during the transfer of 300 MB; the source ended %s", victim, out)
+			f.check("node0")
 		})
 	}
 }
