@@ -340,10 +340,26 @@ func (a *Agent) setEndpoint(mac net.HardwareAddr, vtep netip.Addr) error {
 // announce tells every peer about e (or that it is gone), concurrently,
 // and returns the joined errors of peers that did not take it.
 func (a *Agent) announce(ctx context.Context, e api.Endpoint, gone bool) error {
+	return a.tell(ctx, e, gone, func(Peer) bool { return true })
+}
+
+// announceTo tells the peers which selects where e lives now, within 5 s.
+func (a *Agent) announceTo(ctx context.Context, e api.Endpoint, which func(Peer) bool) error {
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	return a.tell(actx, e, false, which)
+}
+
+// tell announces (or withdraws) e to the peers which selects, at once.
+func (a *Agent) tell(ctx context.Context, e api.Endpoint, gone bool, which func(Peer) bool) error {
 	var mu sync.Mutex
 	var errs []error
 	var wg sync.WaitGroup
-	for n, c := range a.peers {
+	for _, p := range a.cfg.Peers {
+		c, n := a.peers[p.Name], p.Name
+		if c == nil || !which(p) {
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

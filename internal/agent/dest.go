@@ -321,7 +321,7 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 // takeTraffic points the overlay here; the packets are held.
 func (in *incoming) takeTraffic(ctx context.Context) {
 	_, _ = in.warm.Release(in.p.MemoryBytes)
-	in.sw = in.a.takeTraffic(ctx, in.c)
+	in.sw = in.a.takeTraffic(ctx, in.c, in.p.From)
 }
 
 // scratchHeadroom is the scratch space a migration needs beyond the
@@ -485,7 +485,7 @@ func (in *incoming) releaseHeld(ctx context.Context) {
 		if err := netplane.Unhold(a.nsPath(in.c.meta.Name)); err != nil {
 			a.log.Warn("remove hold rules", "container", in.c.meta.Name, "err", err)
 		}
-		in.sw = a.takeTraffic(ctx, in.c)
+		in.sw = a.takeTraffic(ctx, in.c, in.p.From)
 	}
 	in.c.meta.Incoming = false
 	a.adopt(in.c)
@@ -618,7 +618,7 @@ func (in *incoming) finish(act migration.Action) {
 // takeTraffic points the overlay at this node for the service: the local
 // bridge entry, then every peer's FDB in parallel. It runs while the source
 // dumps; until the commit, the packets are held (netplane.Holder).
-func (a *Agent) takeTraffic(ctx context.Context, c *container) migration.Switched {
+func (a *Agent) takeTraffic(ctx context.Context, c *container, from string) migration.Switched {
 	t0 := time.Now()
 	mac, _ := net.ParseMAC(c.meta.MAC)
 	a.fdb.stamp(mac.String(), t0)
@@ -628,11 +628,22 @@ func (a *Agent) takeTraffic(ctx context.Context, c *container) migration.Switche
 	if err := a.plane.PinLocal(mac, c.meta.Name); err != nil {
 		a.log.Warn("pin local fdb", "err", err)
 	}
-	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := a.announce(actx, a.endpoint(c), false); err != nil {
+	// The gateways (where clients' traffic enters the overlay) and the
+	// source are told before the state is taken; the other nodes (their
+	// services' traffic to this one) in the background, so that a node
+	// that stopped answering never lengthens the frozen window.
+	critical := func(p Peer) bool { return p.Migrate == "" || p.Name == from }
+	if err := a.announceTo(ctx, a.endpoint(c), critical); err != nil {
 		a.log.Warn("announce migrated endpoint", "container", c.meta.Name, "err", err)
 	}
+	ep := a.endpoint(c)
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.announceTo(a.runCtx, ep, func(p Peer) bool { return !critical(p) }); err != nil {
+			a.log.Warn("announce migrated endpoint to the other nodes", "container", ep.Name, "err", err)
+		}
+	}()
 	return migration.Switched{NetworkMs: migration.Ms(time.Since(t0))}
 }
 

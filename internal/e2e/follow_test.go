@@ -263,3 +263,130 @@ func nodeIndex(name string) int {
 	}
 	return k
 }
+
+// TestDeadNodeNeverChosen: node1's agent stops (SIGSTOP: no heartbeats,
+// no measurements, not restarted) once the user has started walking; the controller marks node1 dead and the followed redis
+// goes from node0 straight to node2, never to node1. node1's agent is
+// resumed once the service is on node2.
+func TestDeadNodeNeverChosen(t *testing.T) {
+	e := newEnv(t)
+	testutil.RequireTool(t, "ping")
+	reports := filepath.Join(e.root, "report")
+	cmd := exec.Command(e.bin, "demo", "--json", "--policy", "latency", "--speed", "25", "--root", e.root, "--report-dir", reports)
+	var outb, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &outb, &errb
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	walking := func() bool {
+		var us []struct {
+			Pos struct {
+				X float64 `json:"x"`
+			} `json:"pos"`
+		}
+		out, _, err := e.run("users", "--json", "--testbed", "demo", "--root", e.root)
+		return err == nil && json.Unmarshal([]byte(out), &us) == nil && len(us) == 1 && us[0].Pos.X > 10
+	}
+	status := func() (node1PID int, serviceNode string, node1Alive bool) {
+		var st struct {
+			Nodes []struct {
+				Name     string `json:"name"`
+				AgentPID int    `json:"agent_pid"`
+			} `json:"nodes"`
+		}
+		if out, _, err := e.run("testbed", "status", "--json", "--testbed", "demo", "--root", e.root); err == nil && json.Unmarshal([]byte(out), &st) == nil {
+			for _, n := range st.Nodes {
+				if n.Name == "node1" {
+					node1PID = n.AgentPID
+				}
+			}
+		}
+		var ss []struct {
+			Name string `json:"name"`
+			Node string `json:"node"`
+		}
+		if out, _, err := e.run("services", "--json", "--testbed", "demo", "--root", e.root); err == nil && json.Unmarshal([]byte(out), &ss) == nil {
+			for _, s := range ss {
+				if s.Name == "redis" {
+					serviceNode = s.Node
+				}
+			}
+		}
+		var ns []struct {
+			Name  string `json:"name"`
+			Alive bool   `json:"alive"`
+		}
+		if out, _, err := e.run("nodes", "--json", "--testbed", "demo", "--root", e.root); err == nil && json.Unmarshal([]byte(out), &ns) == nil {
+			for _, n := range ns {
+				if n.Name == "node1" {
+					node1Alive = n.Alive
+				}
+			}
+		}
+		return
+	}
+	deadline := time.Now().Add(3 * time.Minute)
+	var stopped int
+	for stopped == 0 {
+		// Once the walk is under way (every node measured the user).
+		if pid, svc, _ := status(); pid > 0 && svc == "node0" && walking() {
+			if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			stopped = pid
+			t.Logf("stopped node1's agent (pid %d)", pid)
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the demo's service never appeared")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = syscall.Kill(stopped, syscall.SIGCONT)
+		}
+	}()
+	sawDead := false
+	for {
+		_, svc, alive := status()
+		sawDead = sawDead || !alive
+		if svc == "node2" || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	_ = syscall.Kill(stopped, syscall.SIGCONT)
+	resumed = true
+	err := cmd.Wait()
+	out, stderr := outb.String(), errb.String()
+	if err != nil {
+		t.Fatalf("demo: %v\n%s", err, tail(stderr, 3000))
+	}
+	var rep follow.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("demo --json: %v\n%s", err, tail(out, 2000))
+	}
+	if !sawDead {
+		t.Error("the controller never marked node1 dead while its agent was stopped")
+	}
+	var served []string
+	for _, m := range rep.Migrations {
+		if m.Service != "redis" {
+			continue
+		}
+		t.Logf("  t=%.1fs %s -> %s ok=%v: %s", m.T, m.From, m.To, m.OK, m.Reason)
+		if m.To == "node1" {
+			t.Errorf("migrated to node1 while it was dead: %s", m.Reason)
+		}
+		if m.OK {
+			served = append(served, m.To)
+		}
+	}
+	if len(served) == 0 || served[len(served)-1] != "node2" {
+		t.Errorf("the followed redis ended on %v, want node2", served)
+	}
+	if rep.ClientErrors != 0 || !rep.DataVerified {
+		t.Errorf("client errors %d, data verified %v", rep.ClientErrors, rep.DataVerified)
+	}
+}

@@ -220,9 +220,16 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 			return nil, fmt.Errorf("preload %s: %w", name, err)
 		}
 	}
+	// The links as they are at the walk's start, before the agents
+	// measure anything: the first RTTs the policy sees must be the
+	// distances', not the testbed's defaults.
+	start := topo.Point{X: 0}
+	if err := world.Place(ctx, world.Config{Root: cfg.Root, Testbed: cfg.Name, Plane: plane, Model: cfg.Model},
+		map[string]topo.Point{user: start}); err != nil {
+		return nil, err
+	}
 	// The controller learns the user and the service it follows; the
 	// agents start measuring their RTT to the user's device.
-	start := topo.Point{X: 0}
 	if _, err := ctl.AddUser(ctx, controller.AddUserRequest{Name: user, Address: client.Address, Pos: start}); err != nil {
 		return nil, fmt.Errorf("controller: %w", err)
 	}

@@ -135,6 +135,18 @@ func Run(ctx context.Context, cfg Config) error {
 	}
 }
 
+// Place sets every link for users at pos, once (before a walk starts,
+// so that the first measurements already reflect the distances).
+func Place(ctx context.Context, cfg Config, pos map[string]topo.Point) error {
+	lead := ""
+	for u := range pos {
+		if lead == "" || u < lead {
+			lead = u
+		}
+	}
+	return follow(ctx, cfg, topo.NewIndex(cfg.Plane), pos, lead)
+}
+
 // follow sets the links from the positions.
 func follow(ctx context.Context, cfg Config, idx *topo.Index, pos map[string]topo.Point, lead string) error {
 	st, err := testbed.Load(cfg.Root, cfg.Testbed)
