@@ -71,20 +71,10 @@ func certOperatorName(c *x509.Certificate) (string, error) {
 // operator listener: it presents the node certificate of node directory
 // dir and accepts only clients with an operator certificate of the CA.
 func OperatorServerConfig(dir string) (*tls.Config, error) {
-	cert, pool, err := loadNode(dir)
-	if err != nil {
-		return nil, err
-	}
-	return &tls.Config{
-		MinVersion:   tls.VersionTLS13,
-		Certificates: []tls.Certificate{cert},
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		ClientCAs:    pool,
-		VerifyConnection: func(cs tls.ConnectionState) error {
-			_, err := OperatorName(cs)
-			return err
-		},
-	}, nil
+	return serverConfig(dir, func(cs tls.ConnectionState) error {
+		_, err := OperatorName(cs)
+		return err
+	})
 }
 
 // OperatorClientConfig returns a TLS 1.3 configuration for an operator

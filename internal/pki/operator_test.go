@@ -2,11 +2,8 @@ package pki
 
 import (
 	"crypto/tls"
-	"io"
-	"net"
 	"path/filepath"
 	"testing"
-	"time"
 )
 
 func (tb *testbed) operator(t *testing.T, name string) string {
@@ -19,44 +16,11 @@ func (tb *testbed) operator(t *testing.T, name string) string {
 }
 
 // opHandshake is handshake with an operator listener on the server side:
-// the server reports the operator it saw.
+// the operator the server saw, the server's and the client's errors.
 func opHandshake(t *testing.T, serverCfg, clientCfg *tls.Config) (string, error, error) {
 	t.Helper()
-	a, b := net.Pipe()
-	t.Cleanup(func() { a.Close(); b.Close() })
-	deadline := time.Now().Add(10 * time.Second)
-	a.SetDeadline(deadline)
-	b.SetDeadline(deadline)
-	type result struct {
-		name string
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		s := tls.Server(a, serverCfg)
-		err := s.Handshake()
-		var name string
-		if err == nil {
-			name, err = OperatorName(s.ConnectionState())
-		}
-		if err == nil {
-			_, err = s.Write([]byte{1})
-		}
-		if err != nil {
-			a.Close()
-		}
-		done <- result{name, err}
-	}()
-	c := tls.Client(b, clientCfg)
-	cerr := c.Handshake()
-	if cerr == nil {
-		_, cerr = io.ReadFull(c, make([]byte, 1))
-	}
-	if cerr != nil {
-		b.Close()
-	}
-	r := <-done
-	return r.name, r.err, cerr
+	name, _, serr, cerr := handshakeAs(t, OperatorName, serverCfg, clientCfg)
+	return name, serr, cerr
 }
 
 func TestOperatorCertificates(t *testing.T) {

@@ -43,6 +43,13 @@ func (tb *testbed) node(t *testing.T, name string) string {
 // peer names each side saw and each side's error.
 func handshake(t *testing.T, serverCfg, clientCfg *tls.Config) (serverSaw, clientSaw string, serverErr, clientErr error) {
 	t.Helper()
+	return handshakeAs(t, PeerName, serverCfg, clientCfg)
+}
+
+// handshakeAs is handshake with the server naming its peer by whom (the
+// node, or the operator, a certificate names).
+func handshakeAs(t *testing.T, whom func(tls.ConnectionState) (string, error), serverCfg, clientCfg *tls.Config) (serverSaw, clientSaw string, serverErr, clientErr error) {
+	t.Helper()
 	a, b := net.Pipe()
 	t.Cleanup(func() { a.Close(); b.Close() })
 	deadline := time.Now().Add(10 * time.Second)
@@ -59,7 +66,7 @@ func handshake(t *testing.T, serverCfg, clientCfg *tls.Config) (serverSaw, clien
 		err := s.Handshake()
 		var name string
 		if err == nil {
-			name, err = PeerName(s.ConnectionState())
+			name, err = whom(s.ConnectionState())
 		}
 		if err == nil {
 			_, err = s.Write([]byte{1})
