@@ -259,14 +259,14 @@ func (s *soak) run(ctx context.Context) error {
 	}
 	for _, c := range []*counterClient{redis, mc} {
 		vctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
-		lost, dup, err := c.verify(vctx)
+		lost, err := c.verify(vctx)
 		cancel()
 		if err != nil {
 			s.errorf("%s: verify: %v", c.name, err)
 		}
 		s.rep.Resets += c.resets
 		s.rep.LostKeys += lost + c.lost
-		s.rep.DupKeys += dup + c.dup
+		s.rep.DupKeys += c.dup
 		s.rep.Ops[c.name] = c.acked.Load()
 		for _, e := range c.errs {
 			s.errorf("%s: %s", c.name, e)
@@ -327,15 +327,28 @@ func (c *counterClient) dial(ctx context.Context) (*textConn, error) {
 	return &textConn{c: nc, br: bufio.NewReaderSize(nc, 64<<10)}, nil
 }
 
-func (c *counterClient) run(ctx context.Context) {
-	conn, err := c.dial(ctx)
-	for err != nil {
-		if sleep(ctx, 100*time.Millisecond) != nil {
-			return
+// dialUntil dials until it succeeds; nil once ctx ends.
+func (c *counterClient) dialUntil(ctx context.Context) *textConn {
+	for {
+		if conn, err := c.dial(ctx); err == nil {
+			return conn
 		}
-		conn, err = c.dial(ctx)
+		if sleep(ctx, 100*time.Millisecond) != nil {
+			return nil
+		}
 	}
-	defer func() { conn.c.Close() }()
+}
+
+func (c *counterClient) run(ctx context.Context) {
+	conn := c.dialUntil(ctx)
+	if conn == nil {
+		return
+	}
+	defer func() {
+		if conn != nil {
+			conn.c.Close()
+		}
+	}()
 	uncertain := false
 	for ctx.Err() == nil {
 		i := c.acked.Load() + 1
@@ -349,11 +362,8 @@ func (c *counterClient) run(ctx context.Context) {
 			c.ambiguous = append(c.ambiguous, i)
 			uncertain = true
 			conn.c.Close()
-			for conn, err = c.dial(ctx); err != nil; conn, err = c.dial(ctx) {
-				if sleep(ctx, 100*time.Millisecond) != nil {
-					conn = &textConn{c: nopConn{}}
-					return
-				}
+			if conn = c.dialUntil(ctx); conn == nil {
+				return
 			}
 			continue
 		}
@@ -392,10 +402,10 @@ func (c *counterClient) progressed(ctx context.Context, timeout time.Duration) e
 
 // verify reads every acknowledged key on a new connection, pipelined in
 // batches.
-func (c *counterClient) verify(ctx context.Context) (lost, dup int, err error) {
+func (c *counterClient) verify(ctx context.Context) (lost int, err error) {
 	conn, err := c.dial(ctx)
 	if err != nil {
-		return 0, 0, err
+		return 0, err
 	}
 	defer conn.c.Close()
 	skip := map[int64]bool{}
@@ -406,7 +416,7 @@ func (c *counterClient) verify(ctx context.Context) (lost, dup int, err error) {
 	const batch = 500
 	for first := int64(1); first <= n; first += batch {
 		if ctx.Err() != nil {
-			return lost, dup, ctx.Err()
+			return lost, ctx.Err()
 		}
 		last := min(first+batch-1, n)
 		var req []byte
@@ -414,12 +424,12 @@ func (c *counterClient) verify(ctx context.Context) (lost, dup int, err error) {
 			req = c.proto.appendRead(req, i)
 		}
 		if err := conn.send(req); err != nil {
-			return lost, dup, err
+			return lost, err
 		}
 		for i := first; i <= last; i++ {
 			v, err := c.proto.readReply(conn)
 			if err != nil {
-				return lost, dup, fmt.Errorf("read key %d: %w", i, err)
+				return lost, fmt.Errorf("read key %d: %w", i, err)
 			}
 			if v != soakValue(i) && !skip[i] {
 				lost++
@@ -427,7 +437,7 @@ func (c *counterClient) verify(ctx context.Context) (lost, dup int, err error) {
 			}
 		}
 	}
-	return lost, dup, nil
+	return lost, nil
 }
 
 func soakValue(i int64) string {
@@ -535,9 +545,3 @@ func (mcProto) readReply(t *textConn) (string, error) {
 	}
 	return v, nil
 }
-
-// nopConn stands in for a connection never opened (the client stopped
-// while redialling).
-type nopConn struct{ net.Conn }
-
-func (nopConn) Close() error { return nil }
