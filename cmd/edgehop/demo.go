@@ -20,9 +20,9 @@ func init() {
 
 // followFlags are the flags demo and bench follow share.
 type followFlags struct {
-	root, images, reports, kind *string
-	speed, threshold            *float64
-	asJSON, verbose             *bool
+	root, images, reports, kind, walk *string
+	speed, threshold                  *float64
+	asJSON, verbose                   *bool
 }
 
 func registerFollow(fs *flag.FlagSet, def follow.Config) followFlags {
@@ -32,6 +32,7 @@ func registerFollow(fs *flag.FlagSet, def follow.Config) followFlags {
 		reports:   fs.String("report-dir", "", "where the report goes (default: <root>/reports/<name>-<time>)"),
 		kind:      fs.String("policy", def.Policy.Kind, "policy of the followed redis: latency | region | teka | throughput | model"),
 		speed:     fs.Float64("speed", def.Speed, "walking speed, m/s"),
+		walk:      fs.String("walk", follow.WalkLine, "the user's path: line (across every region) | border (back and forth across the first border)"),
 		threshold: fs.Float64("threshold-ms", def.Policy.ThresholdMs, "latency policy: the threshold"),
 		asJSON:    fs.Bool("json", false, "print the report as JSON"),
 		verbose:   fs.Bool("v", false, "log the testbed's work"),
@@ -53,6 +54,7 @@ func (f followFlags) apply(cfg *follow.Config) error {
 	if *f.threshold > 0 {
 		cfg.Policy.ThresholdMs = *f.threshold
 	}
+	cfg.Walk = *f.walk
 	cfg.ReportDir = *f.reports
 	if cfg.ReportDir == "" {
 		cfg.ReportDir = filepath.Join(cfg.Root, "reports", cfg.Name+"-"+time.Now().UTC().Format("20060102-150405"))

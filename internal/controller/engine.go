@@ -54,6 +54,8 @@ type ServiceState struct {
 	MemoryBytes   int64         `json:"memory_bytes,omitempty"`
 	DirtyRate     float64       `json:"dirty_rate,omitempty"`
 	LastMigration time.Time     `json:"last_migration"`
+	// Left is the node the service last migrated away from.
+	Left string `json:"left,omitempty"`
 	// Migrating is the id of the migration under way ("" when none).
 	Migrating string `json:"migrating,omitempty"`
 
@@ -62,6 +64,9 @@ type ServiceState struct {
 	// migration may have ended while the controller was down); no
 	// decision is made for it until an agent lists it.
 	unplaced bool
+	// returnWanted: since when its policy has wanted it back on Left,
+	// decision after decision (the ping-pong guard).
+	returnWanted time.Time
 }
 
 // Engine holds the controller's state and makes its decisions: tier-1
@@ -337,9 +342,16 @@ func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool
 		return policy.Decision{}, false
 	}
 	v := policy.View{Now: now, Topo: e.topo, Nodes: e.nodeLocked, Params: e.params,
-		Service: policy.Service{Name: s.Name, Node: s.Node, MemoryBytes: s.MemoryBytes, DirtyRate: s.DirtyRate, LastMigration: s.LastMigration, Config: s.Policy},
-		User:    policy.User{Name: u.Name, Pos: u.Pos, AP: u.AP, Region: u.Region, RTTMs: u.RTTMs, ThroughputOps: u.ThroughputOps, LatencyMs: u.LatencyMs}}
+		Service: policy.Service{Name: s.Name, Node: s.Node, MemoryBytes: s.MemoryBytes, DirtyRate: s.DirtyRate, LastMigration: s.LastMigration,
+			Left: s.Left, ReturnWanted: s.returnWanted, Config: s.Policy},
+		User: policy.User{Name: u.Name, Pos: u.Pos, AP: u.AP, Region: u.Region, RTTMs: u.RTTMs, ThroughputOps: u.ThroughputOps, LatencyMs: u.LatencyMs}}
 	d := policy.Decide(v)
+	switch {
+	case !d.Return:
+		s.returnWanted = time.Time{}
+	case s.returnWanted.IsZero():
+		s.returnWanted = now
+	}
 	if d.Migrate {
 		s.Migrating = "pending"
 	}
@@ -371,11 +383,15 @@ func (e *Engine) Migrated(service, node string, moved bool, now time.Time) {
 	defer e.mu.Unlock()
 	if s, ok := e.services[service]; ok {
 		s.Migrating = ""
+		if moved && node != "" && node != s.Node {
+			s.Left = s.Node
+		}
 		if node != "" {
 			s.Node = node
 		}
 		if moved {
 			s.LastMigration = now
+			s.returnWanted = time.Time{}
 		}
 	}
 }

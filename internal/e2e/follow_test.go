@@ -390,3 +390,57 @@ func TestDeadNodeNeverChosen(t *testing.T) {
 		t.Errorf("client errors %d, data verified %v", rep.ClientErrors, rep.DataVerified)
 	}
 }
+
+// TestBorderWalkDoesNotOscillate: the user walks to the border between
+// the first two regions and back and forth across it ten times (±48 m at
+// 10 m/s, each crossing a region change and a 1–2 ms RTT swing between
+// node0 and node1). The followed redis moves across once at most and
+// never back: the policy wants it back after crossings and the ping-pong
+// guard holds it. Without the guard it flipped at crossing after crossing
+// (eight migrations in 106 s under the latency policy).
+func TestBorderWalkDoesNotOscillate(t *testing.T) {
+	for _, pol := range []string{"latency", "region"} {
+		t.Run(pol, func(t *testing.T) {
+			e := newEnv(t)
+			testutil.RequireTool(t, "ping")
+			out, stderr, err := e.run("demo", "--json", "--walk", "border", "--policy", pol, "--root", e.root,
+				"--report-dir", filepath.Join(e.root, "report"))
+			if err != nil {
+				t.Fatalf("demo --walk border: %v\n%s", err, tail(stderr, 3000))
+			}
+			var rep follow.Report
+			if err := json.Unmarshal([]byte(out), &rep); err != nil {
+				t.Fatalf("demo --json: %v\n%s", err, tail(out, 2000))
+			}
+			crossings := 0
+			for _, h := range rep.Handoffs {
+				if (h.FromAP == "ap1" && h.ToAP == "ap2") || (h.FromAP == "ap2" && h.ToAP == "ap1") {
+					crossings++
+				}
+			}
+			var moves []string
+			for _, m := range rep.Migrations {
+				if m.Service != "redis" {
+					continue
+				}
+				t.Logf("  t=%.1fs %s -> %s ok=%v: %s", m.T, m.From, m.To, m.OK, m.Reason)
+				if m.OK {
+					moves = append(moves, m.To)
+				}
+			}
+			t.Logf("policy %s: %d border crossings, migrations %v, %d returns held by the guard", pol, crossings, moves, rep.ReturnsHeld)
+			if crossings < 8 {
+				t.Errorf("the user crossed the border %d times (handoffs %v), want the walk's ten", crossings, rep.Handoffs)
+			}
+			if len(moves) > 1 {
+				t.Errorf("the service oscillated on a border walk: %v", moves)
+			}
+			if len(moves) == 1 && rep.ReturnsHeld == 0 {
+				t.Errorf("the service moved across and the policy never wanted it back: the walk did not test the damping")
+			}
+			if rep.ClientErrors != 0 || !rep.DataVerified {
+				t.Errorf("client errors %d %v, data verified %v", rep.ClientErrors, rep.ErrorSamples, rep.DataVerified)
+			}
+		})
+	}
+}

@@ -33,7 +33,11 @@ type Config struct {
 	Width     float64
 	// Speed is how fast the user walks from the start of the first region
 	// to the end of the last (metres per second).
-	Speed  float64
+	Speed float64
+	// Walk is the user's path: WalkLine (default) from the start of the
+	// first region to the end of the last, or WalkBorder: to the border
+	// between the first two regions, then back and forth across it.
+	Walk   string
 	Policy policy.Config
 	// Keys of ValueSize bytes preloaded in each redis; Conns connections
 	// of load each.
@@ -55,6 +59,47 @@ func DemoConfig() Config {
 		Model: world.DefaultModel(), Policy: policy.Config{Kind: policy.KindLatency, ThresholdMs: 5, MinDwell: 10 * time.Second}}
 }
 
+// The walks a run can take.
+const (
+	WalkLine   = "line"
+	WalkBorder = "border"
+	// BorderSwing is how far a border walk strays to each side of the
+	// border, and BorderLegs how many times it crosses it: ±48 m, a
+	// 1 ms RTT difference to the two nodes at each end on the default
+	// model (2 ms per 100 m round trip), enough for an undamped policy
+	// to flip the service at every crossing.
+	BorderSwing = 48.0
+	BorderLegs  = 10
+)
+
+// trace is the walk cfg describes, and its length in metres.
+func (c Config) trace() (mobility.Trace, float64) {
+	start := topo.Point{X: 0}
+	if c.Walk != WalkBorder {
+		end := topo.Point{X: float64(c.Nodes) * c.Width}
+		return mobility.Walk(start, end, c.Speed), topo.Dist(start, end)
+	}
+	// From the first node's side of its region to the border, then
+	// across and back BorderLegs times.
+	start = topo.Point{X: c.Width / 2}
+	t := mobility.Trace{Start: start}
+	border := c.Width
+	t.Waypoints = append(t.Waypoints, mobility.Waypoint{Pos: topo.Point{X: border - BorderSwing}, Speed: c.Speed})
+	for i := 0; i < BorderLegs; i++ {
+		x := border + BorderSwing
+		if i%2 == 1 {
+			x = border - BorderSwing
+		}
+		t.Waypoints = append(t.Waypoints, mobility.Waypoint{Pos: topo.Point{X: x}, Speed: c.Speed})
+	}
+	length, p := 0.0, t.Start
+	for _, w := range t.Waypoints {
+		length += topo.Dist(p, w.Pos)
+		p = w.Pos
+	}
+	return t, length
+}
+
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	var errs []error
@@ -63,6 +108,9 @@ func (c Config) Validate() error {
 	}
 	if c.Nodes < 2 || c.APsPer < 1 || c.Width <= 0 || c.Speed <= 0 {
 		errs = append(errs, fmt.Errorf("want 2+ nodes, 1+ APs per region, a positive width and speed (got %d, %d, %v, %v)", c.Nodes, c.APsPer, c.Width, c.Speed))
+	}
+	if c.Walk != "" && c.Walk != WalkLine && c.Walk != WalkBorder {
+		errs = append(errs, fmt.Errorf("unknown walk %q: want %s or %s", c.Walk, WalkLine, WalkBorder))
 	}
 	if c.Keys < 1 || c.ValueSize < 16 || c.Conns < 1 {
 		errs = append(errs, errors.New("want keys ≥ 1, value size ≥ 16, conns ≥ 1"))
@@ -75,13 +123,18 @@ func (c Config) Validate() error {
 
 // Report is what a run shows.
 type Report struct {
-	Testbed      string              `json:"testbed"`
-	Policy       policy.Config       `json:"policy"`
-	WalkMetres   float64             `json:"walk_m"`
-	WalkSeconds  float64             `json:"walk_s"`
-	Migrations   []Migration         `json:"migrations"`
-	Handoffs     []Handoff           `json:"handoffs"`
-	Decisions    int                 `json:"decisions_logged"`
+	Testbed     string        `json:"testbed"`
+	Policy      policy.Config `json:"policy"`
+	Walk        string        `json:"walk,omitempty"`
+	WalkMetres  float64       `json:"walk_m"`
+	WalkSeconds float64       `json:"walk_s"`
+	Migrations  []Migration   `json:"migrations"`
+	Handoffs    []Handoff     `json:"handoffs"`
+	Decisions   int           `json:"decisions_logged"`
+	// ReturnsHeld counts the logged decisions in which the policy wanted
+	// the service back on the node it had just left and the ping-pong
+	// guard held it.
+	ReturnsHeld  int                 `json:"returns_held"`
 	ClientErrors int                 `json:"client_errors"`
 	ErrorSamples []string            `json:"client_error_samples,omitempty"`
 	Throughput   Throughput          `json:"throughput"`
@@ -223,7 +276,8 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	// The links as they are at the walk's start, before the agents
 	// measure anything: the first RTTs the policy sees must be the
 	// distances', not the testbed's defaults.
-	start := topo.Point{X: 0}
+	walk, walkLen := cfg.trace()
+	start := walk.Start
 	if err := world.Place(ctx, world.Config{Root: cfg.Root, Testbed: cfg.Name, Plane: plane, Model: cfg.Model},
 		map[string]topo.Point{user: start}); err != nil {
 		return nil, err
@@ -245,8 +299,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		pc.MinOps = base / 2
 		say("throughput next to the origin: %.0f op/s; the policy migrates under %.0f op/s", base, pc.MinOps)
 	}
-	walk := mobility.Walk(start, topo.Point{X: float64(cfg.Nodes) * cfg.Width}, cfg.Speed)
-	rep = &Report{Testbed: cfg.Name, Policy: pc, WalkMetres: float64(cfg.Nodes) * cfg.Width, WalkSeconds: walk.Duration().Seconds(),
+	rep = &Report{Testbed: cfg.Name, Policy: pc, Walk: cfg.Walk, WalkMetres: walkLen, WalkSeconds: walk.Duration().Seconds(),
 		Started: started.UTC(), Sequential: cfg.Sequential, Series: map[string][]Sample{}}
 	follow := func() error {
 		if _, err := ctl.AddService(ctx, controller.AddServiceRequest{Name: followed, User: user, Node: origin.Name, Policy: pc}); err != nil {
@@ -464,6 +517,12 @@ func history(ctx context.Context, ctl *controller.Client, t0 time.Time, rep *Rep
 	ds, err := ctl.History(ctx, controller.KindDecisions, 10000)
 	if err == nil {
 		rep.Decisions = len(ds)
+		for _, e := range ds {
+			var d controller.DecisionRecord
+			if json.Unmarshal(e.Data, &d) == nil && d.Return && !d.Migrate {
+				rep.ReturnsHeld++
+			}
+		}
 	}
 	sort.Slice(rep.Migrations, func(i, j int) bool { return rep.Migrations[i].T < rep.Migrations[j].T })
 	sort.Slice(rep.Handoffs, func(i, j int) bool { return rep.Handoffs[i].T < rep.Handoffs[j].T })

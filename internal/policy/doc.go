@@ -6,7 +6,9 @@
 // choosing target and strategy for a downtime target — and every policy
 // is damped the same way: a node that stopped heartbeating is never a
 // target, nothing moves within a minimum dwell time of the last
-// migration, and a target must beat the serving node by a hysteresis
-// margin. Decide is pure: it reads a View and returns a Decision with its
+// migration, a target must beat the serving node by a hysteresis
+// margin, and a return to the node the service last left must have been
+// wanted without a break for a sustain time (the ping-pong guard: a user
+// wandering on a border does not drag the service back and forth). Decide is pure: it reads a View and returns a Decision with its
 // inputs and reason; the controller does the I/O.
 package policy

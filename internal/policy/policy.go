@@ -50,6 +50,11 @@ type Config struct {
 	// HysteresisMs of latency.
 	MinDwell     time.Duration `json:"min_dwell_ns,omitempty"`
 	HysteresisMs float64       `json:"hysteresis_ms,omitempty"`
+	// ReturnSustain guards against ping-pong: a migration back to the
+	// node the service last left waits until the policy has wanted it
+	// continuously for this long (a user walking back for good passes;
+	// one wandering on a border does not).
+	ReturnSustain time.Duration `json:"return_sustain_ns,omitempty"`
 	// Strategy is the migration strategy (the model policy chooses its
 	// own).
 	Strategy string `json:"strategy,omitempty"`
@@ -58,7 +63,7 @@ type Config struct {
 // DefaultConfig returns the defaults of kind.
 func DefaultConfig(kind string) Config {
 	return Config{Kind: kind, ThresholdMs: 6, MaxHops: 1, NeighbourMs: 150, UselessMs: 1000, ServiceInitMs: 5000,
-		MinOps: 0, DowntimeTargetMs: 1000, MinDwell: 10 * time.Second, HysteresisMs: 1, Strategy: "stop-and-copy"}
+		MinOps: 0, DowntimeTargetMs: 1000, MinDwell: 10 * time.Second, HysteresisMs: 1, ReturnSustain: 30 * time.Second, Strategy: "stop-and-copy"}
 }
 
 // WithDefaults fills zero fields from DefaultConfig(c.Kind).
@@ -88,6 +93,9 @@ func (c Config) WithDefaults() Config {
 	if c.HysteresisMs == 0 {
 		c.HysteresisMs = d.HysteresisMs
 	}
+	if c.ReturnSustain == 0 {
+		c.ReturnSustain = d.ReturnSustain
+	}
 	if c.Strategy == "" {
 		c.Strategy = d.Strategy
 	}
@@ -110,8 +118,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %v: want a finite value ≥ 0", name, v))
 		}
 	}
-	if c.MaxHops < 0 || c.MinDwell < 0 {
-		errs = append(errs, errors.New("max_hops and min_dwell must be ≥ 0"))
+	if c.MaxHops < 0 || c.MinDwell < 0 || c.ReturnSustain < 0 {
+		errs = append(errs, errors.New("max_hops, min_dwell and return_sustain must be ≥ 0"))
 	}
 	if c.Kind == KindThroughput && c.MinOps <= 0 {
 		errs = append(errs, errors.New("throughput policy: min_ops must be > 0"))
@@ -158,7 +166,13 @@ type Service struct {
 	MemoryBytes   int64     `json:"memory_bytes"`
 	DirtyRate     float64   `json:"dirty_rate"` // pages/s, for the model
 	LastMigration time.Time `json:"last_migration"`
-	Config        Config    `json:"policy"`
+	// Left is the node the service last migrated away from ("" before
+	// its first migration), and ReturnWanted since when the policy has
+	// wanted, decision after decision, to go back to it (zero: it did
+	// not want to at the last decision).
+	Left         string    `json:"left,omitempty"`
+	ReturnWanted time.Time `json:"return_wanted,omitempty"`
+	Config       Config    `json:"policy"`
 }
 
 // View is everything a decision reads.
@@ -184,7 +198,11 @@ type Decision struct {
 	To       string `json:"to,omitempty"`
 	Strategy string `json:"strategy,omitempty"`
 	Reason   string `json:"reason"`
-	Inputs   Inputs `json:"inputs"`
+	// Return: the policy wants the service back on the node it last
+	// left (whether or not the ping-pong guard let it go yet); the
+	// controller keeps Service.ReturnWanted from it.
+	Return bool   `json:"return,omitempty"`
+	Inputs Inputs `json:"inputs"`
 }
 
 // Inputs are the measurements and limits a decision read (zero: not
@@ -232,17 +250,42 @@ func Decide(v View) Decision {
 	}
 	switch c.Kind {
 	case KindLatency:
-		return latency(v, c, d)
+		d = latency(v, c, d)
 	case KindRegion:
-		return region(v, c, d)
+		d = region(v, c, d)
 	case KindTeka:
-		return teka(v, c, d)
+		d = teka(v, c, d)
 	case KindThroughput:
-		return throughput(v, c, d)
+		d = throughput(v, c, d)
 	case KindModel:
-		return modelDriven(v, c, d)
+		d = modelDriven(v, c, d)
+	default:
+		d.Reason = fmt.Sprintf("unknown policy %q", c.Kind)
+		return d
 	}
-	d.Reason = fmt.Sprintf("unknown policy %q", c.Kind)
+	return guardReturn(v, c, d)
+}
+
+// guardReturn holds a migration back to the node the service last left
+// until the policy has wanted it for ReturnSustain without a break: the
+// dwell time and the hysteresis margin alone let a user who walks back
+// and forth across a border drag the service along at every crossing.
+func guardReturn(v View, c Config, d Decision) Decision {
+	if !d.Migrate || v.Service.Left == "" || d.To != v.Service.Left {
+		return d
+	}
+	d.Return = true
+	wanted := time.Duration(0)
+	if !v.Service.ReturnWanted.IsZero() {
+		wanted = v.Now.Sub(v.Service.ReturnWanted)
+	}
+	if wanted >= c.ReturnSustain {
+		d.Reason += fmt.Sprintf("; wanted back on %s for %.1f s (at least %s)", d.To, wanted.Seconds(), c.ReturnSustain)
+		return d
+	}
+	d.Migrate = false
+	d.Reason = fmt.Sprintf("ping-pong guard: %s is the node the service left; back only once wanted for %s (%.1f s so far): %s",
+		d.To, c.ReturnSustain, wanted.Seconds(), d.Reason)
 	return d
 }
 
