@@ -37,6 +37,17 @@
 // (`migration.RestoreDeadline`: 30 s plus 1 s per 32 MiB of images); a hung
 // restore is killed and A, waiting 10 s longer, restores S itself.
 //
+// New connections: CRIU refuses to dump a listening socket with
+// connections in its accept queue, and a connection still in its
+// handshake would not be dumped at all (its client, sending to B, would be
+// reset). Before the freeze A holds every connection request (SYN)
+// entering S's namespace (netplane.HoldNew) and waits, the service still
+// running, until no connection is in its handshake or an accept queue
+// (at most 250 ms); one queued at the freeze thaws the service until it
+// has accepted it. After the commit the held requests are dropped and
+// each client's SYN retransmission (1 s) reaches the service on B; after a
+// rollback they are let in on A.
+//
 // CRIU tars every tmpfs of the container on dump and untars it on restore
 // (3–5 ms each per side). The same configuration marks the masked
 // directories (`/proc/acpi`, `/sys/firmware`, …; `runc.ExternalMasks`) as

@@ -12,6 +12,7 @@ import (
 	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/edgehop/edgehop/internal/runc"
 )
 
@@ -87,6 +88,12 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 		// Its directory is gone: released after the commit, before the
 		// journal said so.
 		c = &container{meta: meta{Name: rec.Container}}
+	}
+	// The dead agent may have left its hold of new connections in the
+	// service's namespace: without its queue, the kernel would drop
+	// every connection request.
+	if err := netplane.Unhold(a.nsPath(rec.Container)); err != nil {
+		a.log.Warn("remove hold rules", "container", rec.Container, "err", err)
 	}
 	frozen := rec.Phase == migration.Frozen || rec.Phase == migration.Transferred
 	if frozen {

@@ -363,6 +363,7 @@ func (o *outgoing) rounds(ctx context.Context) error {
 // budget.
 func (o *outgoing) freeze() error {
 	a, name := o.a, o.rec.Container
+	o.holdNewConnections()
 	o.budget = time.Duration(o.req.MaxFrozenMs) * time.Millisecond
 	if o.budget <= 0 {
 		o.budget = migration.FrozenBudget(o.rss+layerBytes(filepath.Join(a.dir(name), "upper")), o.req.LinkBps)
@@ -412,7 +413,86 @@ func (o *outgoing) freeze() error {
 	if err := a.plane.SetHostLink(name, false); err != nil {
 		a.log.Warn("network lock before dump", "container", name, "err", err)
 	}
+	o.acceptQueued(fctx)
 	return nil
+}
+
+// holdNewConnections makes connection requests wait from here on (held
+// in the service's namespace, netplane.HoldNew) and lets those already
+// in their handshake complete and be accepted, so that the dump finds no
+// half-made connection: CRIU refuses to dump a listening socket with
+// connections in its accept queue, and one in its handshake would be
+// lost. The service keeps running meanwhile. Once the service lives on
+// the destination the held requests are dropped, and each client's SYN
+// retransmission reaches the service there (held until it is restored);
+// if it stays here they are let in.
+func (o *outgoing) holdNewConnections() {
+	a, name := o.a, o.rec.Container
+	ns := a.nsPath(name)
+	h, err := netplane.HoldNew(ns)
+	if err != nil {
+		a.log.Warn("hold new connections: a connection arriving at the freeze may fail the dump", "container", name, "err", err)
+		return
+	}
+	o.cleanup = append(o.cleanup, func() {
+		var err error
+		if o.res.OK {
+			err = h.Drop()
+		} else {
+			err = h.Close()
+		}
+		if err != nil && !o.res.OK {
+			a.log.Warn("let held connection requests in", "container", name, "err", err)
+		}
+	})
+	deadline := time.Now().Add(pendingWait)
+	for {
+		hs, q, err := netplane.Pending(ns)
+		if err != nil || hs+q == 0 || time.Now().After(deadline) {
+			if err == nil && hs+q > 0 {
+				a.log.Info("connections still pending at the freeze", "container", name, "handshaking", hs, "queued", q)
+			}
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// pendingWait bounds the wait for connections in their handshake or
+// accept queue before the freeze (a handshake takes a round trip to the
+// client; accepting them, the service's time).
+const pendingWait = 250 * time.Millisecond
+
+// acceptQueued: connections the frozen service had not accepted yet
+// (completed just before the freeze, or a service slow to accept) would
+// fail the dump; the service is thawed until it has accepted them, then
+// frozen again. Its network is down meanwhile, so nothing new arrives.
+func (o *outgoing) acceptQueued(ctx context.Context) {
+	a, name := o.a, o.rec.Container
+	ns := a.nsPath(name)
+	for try := 0; try < 3 && o.paused; try++ {
+		_, q, err := netplane.Pending(ns)
+		if err != nil || q == 0 {
+			return
+		}
+		a.log.Info("thaw to accept queued connections before the dump", "container", name, "queued", q)
+		if err := linux.ThawCgroup(ctx, a.cgroupsPath(name)); err != nil {
+			a.log.Warn("thaw for queued connections", "container", name, "err", err)
+			return
+		}
+		deadline := time.Now().Add(100 * time.Millisecond)
+		for time.Now().Before(deadline) {
+			if _, q, err = netplane.Pending(ns); err != nil || q == 0 {
+				break
+			}
+			time.Sleep(time.Millisecond)
+		}
+		if _, err := linux.FreezeCgroupSeizable(ctx, a.cgroupsPath(name), 20); err != nil {
+			o.paused = false
+			a.log.Warn("freeze again after accepting; CRIU freezes instead", "container", name, "err", err)
+			return
+		}
+	}
 }
 
 // dump checkpoints the service; a lazy dump returns once its page server

@@ -143,13 +143,21 @@ func TestProbeSurvivesMigrations(t *testing.T) {
 	}
 }
 
-func testProbeSurvivesMigrations(t *testing.T, strategy string) {
+// probeTestbed brings up three nodes and a client, with the continuity
+// probe "p" listening on port 7000 on node0.
+func probeTestbed(t *testing.T) (*env, status, ctr) {
+	t.Helper()
 	e := newEnv(t)
 	e.up("--nodes", "3", "--clients", "1")
 	var st status
 	e.mustJSON(&st, "testbed", "status", "--json")
 	var c ctr
 	e.mustJSON(&c, "run", "--node", "node0", "--name", "p", "--image", "probe", "--json", "--", "7000")
+	return e, st, c
+}
+
+func testProbeSurvivesMigrations(t *testing.T, strategy string) {
+	e, st, c := probeTestbed(t)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

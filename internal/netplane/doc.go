@@ -4,6 +4,12 @@
 // and MAC. All work is done in-process over netlink (no `ip` processes), so
 // the network-switch steps of a migration stay in the millisecond range.
 //
+// Holders keep a migrating service's packets in the kernel (NFQUEUE):
+// Hold, at the destination, every packet until the restore; HoldNew, at
+// the source, connection requests from just before the freeze, so the
+// dump finds no half-made connection (Pending counts those in their
+// handshake or in an accept queue, through sock_diag).
+//
 // A Plane acts on one network namespace through a netlink handle. It must
 // not know about containers' lifecycles, images or the testbed.
 package netplane

@@ -11,11 +11,16 @@ import (
 
 	"github.com/edgehop/edgehop/internal/linux"
 	nfqueue "github.com/florianl/go-nfqueue/v2"
+	"github.com/vishvananda/netlink"
 )
 
-// holdQueue is the NFQUEUE number used inside a container's namespace
-// (queue numbers are per namespace).
-const holdQueue = 0
+// holdQueue and synQueue are the NFQUEUE numbers used inside a
+// container's namespace (queue numbers are per namespace): the
+// destination's Holder, and the source's hold of new connections.
+const (
+	holdQueue = 0
+	synQueue  = 1
+)
 
 // Holder keeps every packet that arrives for a migrating service in the
 // kernel, unverdicted, until the service is restored, then lets them all
@@ -27,6 +32,7 @@ const holdQueue = 0
 // concurrent use.
 type Holder struct {
 	ns     string
+	rules  []string
 	nf     *nfqueue.Nfqueue
 	cancel context.CancelFunc
 
@@ -40,14 +46,29 @@ type Holder struct {
 // PREROUTING and OUTPUT, before CRIU's lock chain in filter INPUT, so held
 // packets meet the chain only if released while it is still there.
 func Hold(nsPath string) (*Holder, error) {
+	return hold(nsPath, holdQueue, holdRules)
+}
+
+// HoldNew starts holding the connection requests (TCP SYNs) that enter
+// the namespace at nsPath, and only those: a migrating service's source
+// takes no new connection it could not dump (CRIU refuses a listening
+// socket with connections waiting in its accept queue, and one still
+// in its handshake would be lost). Close lets them in (the service stays
+// here); Drop discards them once the service lives elsewhere, and each
+// client's SYN retransmission reaches it there.
+func HoldNew(nsPath string) (*Holder, error) {
+	return hold(nsPath, synQueue, synRules)
+}
+
+func hold(nsPath string, queue uint16, rules []string) (*Holder, error) {
 	ns, err := linux.OpenNetNS(nsPath)
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Close()
-	h := &Holder{ns: nsPath}
+	h := &Holder{ns: nsPath, rules: rules}
 	cfg := &nfqueue.Config{
-		NfQueue:     holdQueue,
+		NfQueue:     queue,
 		MaxQueueLen: 65536,
 		Copymode:    nfqueue.NfQnlCopyMeta,
 		Flags:       nfqueue.NfQaCfgFlagGSO,
@@ -81,7 +102,7 @@ func Hold(nsPath string) (*Holder, error) {
 		cancel()
 		return nil, errors.Join(fmt.Errorf("hold: register: %w", err), h.nf.Close())
 	}
-	if err := holdRule(nsPath, "-A"); err != nil {
+	if err := holdRule(nsPath, "-A", rules); err != nil {
 		cancel()
 		return nil, errors.Join(err, h.nf.Close())
 	}
@@ -98,10 +119,15 @@ var holdRules = []string{
 	"OUTPUT -o eth0 -j NFQUEUE --queue-num " + fmt.Sprint(holdQueue),
 }
 
-func holdRule(nsPath, op string) error {
+// synRules are HoldNew's: connection requests entering on eth0.
+var synRules = []string{
+	"PREROUTING -i eth0 -p tcp --syn -j NFQUEUE --queue-num " + fmt.Sprint(synQueue),
+}
+
+func holdRule(nsPath, op string, rules []string) error {
 	var b strings.Builder
 	b.WriteString("*mangle\n")
-	for _, r := range holdRules {
+	for _, r := range rules {
 		b.WriteString(op + " " + r + "\n")
 	}
 	b.WriteString("COMMIT\n")
@@ -113,11 +139,12 @@ func holdRule(nsPath, op string) error {
 	return nil
 }
 
-// Unhold removes the hold rules a Holder left in the namespace at nsPath
-// when its agent died; rules that are not there are not an error.
+// Unhold removes the hold rules a Holder (Hold's or HoldNew's) left in
+// the namespace at nsPath when its agent died; rules that are not there
+// are not an error.
 func Unhold(nsPath string) error {
 	var errs []error
-	for _, r := range holdRules {
+	for _, r := range append(append([]string(nil), holdRules...), synRules...) {
 		chain, spec, _ := strings.Cut(r, " ")
 		rule := func(op string) []string {
 			return append([]string{"-w", "-t", "mangle", op, chain}, strings.Fields(spec)...)
@@ -169,7 +196,7 @@ func (h *Holder) Release() (int, error) {
 // queue.
 func (h *Holder) Close() error {
 	_, err := h.Release()
-	errs := []error{err, holdRule(h.ns, "-D")}
+	errs := []error{err, holdRule(h.ns, "-D", h.rules)}
 	h.cancel()
 	errs = append(errs, h.nf.Close())
 	return errors.Join(errs...)
@@ -184,7 +211,46 @@ func (h *Holder) Drop() error {
 	}
 	h.ids = nil
 	h.mu.Unlock()
-	err := holdRule(h.ns, "-D")
+	err := holdRule(h.ns, "-D", h.rules)
 	h.cancel()
 	return errors.Join(err, h.nf.Close())
 }
+
+// Pending counts the connections in the namespace at nsPath that a
+// checkpoint could not take: those still in their handshake (SYN_RECV)
+// and those waiting in a listening socket's accept queue.
+func Pending(nsPath string) (handshaking, queued int, err error) {
+	ns, err := linux.OpenNetNS(nsPath)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer ns.Close()
+	// The handle must own an INET_DIAG socket of its own: for a family
+	// it was not made with, it asks in the caller's namespace.
+	h, err := netlink.NewHandleAt(ns, syscall.NETLINK_INET_DIAG)
+	if err != nil {
+		return 0, 0, fmt.Errorf("netlink in %s: %w", nsPath, err)
+	}
+	defer h.Close()
+	for _, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
+		socks, err := h.SocketDiagTCP(family)
+		if err != nil {
+			return 0, 0, fmt.Errorf("sock_diag in %s: %w", nsPath, err)
+		}
+		for _, s := range socks {
+			switch s.State {
+			case tcpSynRecv:
+				handshaking++
+			case tcpListen:
+				queued += int(s.RQueue)
+			}
+		}
+	}
+	return handshaking, queued, nil
+}
+
+// TCP states as sock_diag reports them (a request socket is SYN_RECV).
+const (
+	tcpSynRecv = 3
+	tcpListen  = 10
+)

@@ -18,6 +18,7 @@ import (
 // each side.
 type holdPair struct {
 	svcNS  string
+	cliNS  string
 	client *net.UDPConn
 	server *net.UDPConn
 	to     *net.UDPAddr
@@ -65,7 +66,7 @@ func newHoldPair(t *testing.T) *holdPair {
 	// The path works (neighbours resolved) before anything is held; a
 	// throwaway socket keeps the warm-up traffic out of the test's.
 	warm := udpIn(t, svc, 0)
-	p := &holdPair{svcNS: svc, server: warm, client: udpIn(t, cli, 0)}
+	p := &holdPair{svcNS: svc, cliNS: cli, server: warm, client: udpIn(t, cli, 0)}
 	p.to = &net.UDPAddr{IP: net.IPv4(10, 232, 0, 2), Port: warm.LocalAddr().(*net.UDPAddr).Port}
 	testutil.Eventually(t, 5*time.Second, func() error {
 		p.send(t, "warm-up")

@@ -1,0 +1,104 @@
+package netplane
+
+import (
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
+)
+
+// TestHoldNewAndPending: a connection the service has not accepted is
+// counted as queued; while new connections are held a client's connect
+// gets no answer and nothing new is queued; Close lets the held request
+// in (the connect completes at once), and after Drop the client's own
+// SYN retransmission gets through.
+func TestHoldNewAndPending(t *testing.T) {
+	p := newHoldPair(t)
+	var ln net.Listener
+	if err := linux.InNetNS(p.svcNS, func() (err error) {
+		ln, err = net.Listen("tcp4", "10.232.0.2:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	addr := ln.Addr().String()
+	dial := func() chan error {
+		done := make(chan error, 1)
+		go func() {
+			err := linux.InNetNS(p.cliNS, func() error {
+				c, err := net.DialTimeout("tcp4", addr, 5*time.Second)
+				if err == nil {
+					// Kept open: the server side stays queued.
+					t.Cleanup(func() { c.Close() })
+				}
+				return err
+			})
+			done <- err
+		}()
+		return done
+	}
+	pending := func() (int, int) {
+		t.Helper()
+		hs, q, err := Pending(p.svcNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return hs, q
+	}
+	if hs, q := pending(); hs != 0 || q != 0 {
+		t.Fatalf("nothing connected yet, pending %d handshaking, %d queued", hs, q)
+	}
+	if err := <-dial(); err != nil {
+		t.Fatal(err)
+	}
+	if hs, q := pending(); hs != 0 || q != 1 {
+		t.Fatalf("one unaccepted connection: pending %d handshaking, %d queued", hs, q)
+	}
+
+	for _, release := range []string{"close", "drop"} {
+		h, err := HoldNew(p.svcNS)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !Holding(p.svcNS) && !synHolding(p.svcNS) {
+			t.Fatal("no hold rule")
+		}
+		started := time.Now()
+		done := dial()
+		select {
+		case err := <-done:
+			t.Fatalf("%s: connect completed while new connections are held (err %v)", release, err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		if hs, q := pending(); hs != 0 || q < 1 {
+			t.Fatalf("%s: while held, pending %d handshaking, %d queued", release, hs, q)
+		}
+		if release == "close" {
+			if err := h.Close(); err != nil {
+				t.Fatal(err)
+			}
+		} else if err := h.Drop(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Fatalf("%s: connect after the hold: %v", release, err)
+		}
+		took := time.Since(started)
+		t.Logf("%s: connect completed after %v", release, took)
+		if release == "drop" && took < time.Second {
+			t.Errorf("drop: connect completed after %v, before any SYN retransmission", took)
+		}
+		if synHolding(p.svcNS) {
+			t.Errorf("%s: hold rule left behind", release)
+		}
+	}
+}
+
+func synHolding(ns string) bool {
+	_, spec, _ := strings.Cut(synRules[0], " ")
+	args := append([]string{"-w", "-t", "mangle", "-C", "PREROUTING"}, strings.Fields(spec)...)
+	return linux.Command(ns, "iptables", args...).Run() == nil
+}
