@@ -157,9 +157,16 @@ func runPs(ctx context.Context, args []string) error {
 		return err
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAME\tNODE\tIMAGE\tIP\tSTATUS\tPID")
+	fmt.Fprintln(w, "NAME\tNODE\tIMAGE\tIP\tPORTS\tUSER\tSTATUS\tPID")
 	for _, c := range all {
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%d\n", c.Name, c.Node, c.Image, c.IP, c.Status, c.PID)
+		ports, user := strings.Join(c.Ports, ","), c.User
+		if ports == "" {
+			ports = "-"
+		}
+		if user == "" {
+			user = "root"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", c.Name, c.Node, c.Image, c.IP, ports, user, c.Status, c.PID)
 	}
 	if ferr := w.Flush(); ferr != nil {
 		return ferr

@@ -16,6 +16,7 @@ import (
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/image"
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/edgehop/edgehop/internal/runc"
 )
@@ -31,6 +32,8 @@ type meta struct {
 	Env     []string  `json:"env"`
 	Cwd     string    `json:"cwd"`
 	Created time.Time `json:"created"`
+	// The image's user, stop signal and ports.
+	migration.Process
 	// Incoming marks a container received by a migration that has not
 	// committed yet; an agent that restarts discards it (the source kept
 	// or resumed the service).
@@ -302,8 +305,14 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if len(args) == 0 {
 		return api.Container{}, fmt.Errorf("%w: image %q has no entrypoint or command; give one after '--'", ErrInvalid, r.Image)
 	}
+	if icfg.StopSignal != "" {
+		if _, err := linux.ParseSignal(icfg.StopSignal); err != nil {
+			return api.Container{}, fmt.Errorf("%w: image %q: stop signal: %v", ErrInvalid, r.Image, err)
+		}
+	}
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
-		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC()}
+		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
+		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts}}
 
 	defer func() {
 		if err != nil {
@@ -317,6 +326,15 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 		return api.Container{}, err
 	}
 	if err := linux.MountOverlay(lower, filepath.Join(a.dir(r.Name), "upper"), filepath.Join(a.dir(r.Name), "work"), a.rootfs(r.Name)); err != nil {
+		return api.Container{}, err
+	}
+	// The image's user, from the image's own account files.
+	ids, err := image.LookupUser(a.rootfs(r.Name), m.User)
+	if err != nil {
+		return api.Container{}, fmt.Errorf("%w: image %q: %v", ErrInvalid, r.Image, err)
+	}
+	m.UID, m.GID, m.Groups = ids.UID, ids.GID, ids.Groups
+	if err := a.writeMeta(m); err != nil {
 		return api.Container{}, err
 	}
 	if err := linux.NewNetNS(a.nsPath(r.Name)); err != nil {
@@ -356,6 +374,7 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 
 func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 	s := runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
+		UID: m.UID, GID: m.GID, Groups: m.Groups,
 		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name),
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
 	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {
@@ -415,6 +434,42 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 	return err
 }
 
+// stopGrace is how long a service whose image declares a stop signal
+// has to exit after it before it is killed.
+const stopGrace = 10 * time.Second
+
+// stop asks the service to stop with its image's stop signal and waits
+// for it to exit, at most stopGrace; an image that declares none is
+// killed by destroy at once.
+func (a *Agent) stop(ctx context.Context, c *container) {
+	name := c.meta.Name
+	if c.meta.StopSignal == "" {
+		return
+	}
+	sig, err := linux.ParseSignal(c.meta.StopSignal)
+	if err != nil {
+		a.log.Warn("stop signal", "container", name, "err", err)
+		return
+	}
+	if st, err := a.rt.State(ctx, name); err != nil || st.Status != runc.StatusRunning {
+		return
+	}
+	if err := a.rt.Kill(ctx, name, sig, false); err != nil {
+		a.log.Warn("send stop signal", "container", name, "signal", c.meta.StopSignal, "err", err)
+		return
+	}
+	deadline := time.Now().Add(stopGrace)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		st, err := a.rt.State(ctx, name)
+		if err != nil || st.Status == runc.StatusStopped {
+			a.log.Info("service stopped", "container", name, "signal", c.meta.StopSignal)
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	a.log.Warn("service did not stop in time; killing it", "container", name, "signal", c.meta.StopSignal, "grace", stopGrace)
+}
+
 // Remove stops and deletes a container and withdraws its endpoint.
 func (a *Agent) Remove(ctx context.Context, name string) error {
 	c, err := a.claimWhenFree(ctx, name, 5*time.Second)
@@ -423,6 +478,7 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 	}
 	defer a.release(name)
 	ep := a.endpoint(c)
+	a.stop(ctx, c)
 	if err := a.destroy(ctx, name); err != nil {
 		return fmt.Errorf("remove %s: %w", name, err)
 	}
@@ -437,7 +493,7 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 
 func (a *Agent) describe(ctx context.Context, c *container) api.Container {
 	out := api.Container{Name: c.meta.Name, Node: a.cfg.Node, Image: c.meta.Image, IP: c.meta.IP, MAC: c.meta.MAC,
-		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown"}
+		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown", User: c.meta.User, Ports: c.meta.Ports}
 	if st, err := a.rt.State(ctx, c.meta.Name); err == nil {
 		out.Status, out.PID = string(st.Status), st.Pid
 		out.MemoryBytes = cgroupRSS(a.cgroupsPath(c.meta.Name))

@@ -263,7 +263,8 @@ func (in *incoming) setup(ctx context.Context) error {
 		return err
 	}
 	in.lower = lower
-	m := meta{Name: p.Name, Image: p.Image, Digest: digest, IP: p.IP, MAC: p.MAC, Args: p.Args, Env: p.Env, Cwd: p.Cwd, Created: time.Now().UTC(), Incoming: true}
+	m := meta{Name: p.Name, Image: p.Image, Digest: digest, IP: p.IP, MAC: p.MAC, Args: p.Args, Env: p.Env, Cwd: p.Cwd, Created: time.Now().UTC(), Incoming: true,
+		Process: p.Process}
 	in.c = &container{meta: m}
 	if err := os.MkdirAll(a.dir(p.Name), 0o755); err != nil {
 		return err

@@ -153,7 +153,8 @@ func TestValidatePrepare(t *testing.T) {
 	p := newPeerAPI(t)
 	ok := migration.Prepare{ID: journal.NewID(), Name: "redis", Image: "services", Digest: "sha256:" + strings.Repeat("ab", 32),
 		IP: "10.200.1.5", MAC: netplane.MACFor(netip.MustParseAddr("10.200.1.5")).String(), Args: []string{"redis-server"},
-		Strategy: migration.StopAndCopy, From: "node1", MemoryBytes: 1 << 20}
+		Strategy: migration.StopAndCopy, From: "node1", MemoryBytes: 1 << 20,
+		Process: migration.Process{User: "nobody", UID: 65534, GID: 65534, StopSignal: "SIGTERM", Ports: []string{"6379/tcp", "53/udp", "8080"}}}
 	if err := p.a.validatePrepare(ok, "node1"); err != nil {
 		t.Fatalf("valid prepare refused: %v", err)
 	}
@@ -170,8 +171,12 @@ func TestValidatePrepare(t *testing.T) {
 		"page server off host": func(m *migration.Prepare) {
 			m.Strategy, m.PageServer, m.PageToken = migration.PostCopy, "10.0.0.1:80", strings.Repeat("a", 32)
 		},
-		"relative cwd": func(m *migration.Prepare) { m.Cwd = "tmp" },
-		"bad id":       func(m *migration.Prepare) { m.ID = "1" },
+		"relative cwd":    func(m *migration.Prepare) { m.Cwd = "tmp" },
+		"bad id":          func(m *migration.Prepare) { m.ID = "1" },
+		"bad stop signal": func(m *migration.Prepare) { m.StopSignal = "SIGNOPE" },
+		"bad port":        func(m *migration.Prepare) { m.Ports = []string{"80/tcp; rm -rf /"} },
+		"too many groups": func(m *migration.Prepare) { m.Groups = make([]uint32, 65) },
+		"overlong user":   func(m *migration.Prepare) { m.User = strings.Repeat("u", 300) },
 	} {
 		m := ok
 		m.Args = append([]string{}, ok.Args...)

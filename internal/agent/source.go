@@ -303,7 +303,7 @@ func (o *outgoing) prepare(ctx context.Context) error {
 	o.cleanup = append(o.cleanup, func() { conn.Close() })
 	m := o.c.meta
 	prep := migration.Prepare{ID: o.rec.ID, Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
-		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Strategy: o.req.Strategy, From: a.cfg.Node, MemoryBytes: o.rss}
+		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Process: m.Process, Strategy: o.req.Strategy, From: a.cfg.Node, MemoryBytes: o.rss}
 	if lazy {
 		// Post-copy: CRIU serves the pages from loopback; the destination
 		// reaches it only through an authenticated tunnel with this token.

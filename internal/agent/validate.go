@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/netplane"
 )
@@ -16,6 +17,7 @@ var (
 	digestRE = regexp.MustCompile(`^sha256:[0-9a-f]{64}$`)
 	imageRE  = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.:/@-]{0,255}$`)
 	tokenRE  = regexp.MustCompile(`^[0-9a-f]{32}$`)
+	portRE   = regexp.MustCompile(`^[0-9]{1,5}(/(tcp|udp|sctp))?$`)
 )
 
 // Bounds of what a peer may describe.
@@ -25,6 +27,8 @@ const (
 	maxEnv       = 512
 	maxEnvBytes  = 8192
 	maxStateSize = 1 << 40
+	maxGroups    = 64
+	maxPorts     = 256
 )
 
 // validatePrepare checks everything a source says about the service it
@@ -85,6 +89,19 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 	}
 	if p.Cwd != "" && (!filepath.IsAbs(p.Cwd) || filepath.Clean(p.Cwd) != p.Cwd) {
 		return bad("working directory %q: want a clean absolute path", p.Cwd)
+	}
+	if len(p.User) > 256 || len(p.Groups) > maxGroups || len(p.Ports) > maxPorts {
+		return bad("user of %d bytes, %d groups, %d ports (at most 256, %d, %d)", len(p.User), len(p.Groups), len(p.Ports), maxGroups, maxPorts)
+	}
+	for i, s := range p.Ports {
+		if !portRE.MatchString(s) {
+			return bad("port %d %q: want PORT/tcp, PORT/udp or PORT", i, s)
+		}
+	}
+	if p.StopSignal != "" {
+		if _, err := linux.ParseSignal(p.StopSignal); err != nil {
+			return bad("stop signal: %v", err)
+		}
 	}
 	if p.MemoryBytes < 0 || p.MemoryBytes > maxStateSize {
 		return bad("memory %d bytes", p.MemoryBytes)

@@ -37,6 +37,10 @@ type Container struct {
 	MemoryBytes int64     `json:"memory_bytes,omitempty"`
 	Args        []string  `json:"args,omitempty"`
 	Created     time.Time `json:"created"`
+	// User is the image's User the service runs as ("" : root), Ports
+	// the image's exposed ports.
+	User  string   `json:"user,omitempty"`
+	Ports []string `json:"ports,omitempty"`
 }
 
 // Endpoint is where an overlay MAC lives; agents announce them to peers.

@@ -52,6 +52,11 @@ type Config struct {
 	Env        []string `json:"env,omitempty"`
 	WorkingDir string   `json:"working_dir,omitempty"`
 	User       string   `json:"user,omitempty"`
+	// StopSignal is the signal that asks the service to stop ("" : the
+	// image declares none).
+	StopSignal string `json:"stop_signal,omitempty"`
+	// ExposedPorts are the ports the image declares ("6379/tcp"), sorted.
+	ExposedPorts []string `json:"exposed_ports,omitempty"`
 }
 
 // Args returns the process arguments the image runs by default:
@@ -98,8 +103,14 @@ func newImage(name, dir string, img v1.Image) (*Image, error) {
 		return nil, fmt.Errorf("image %s config: %w", name, err)
 	}
 	c := cf.Config
+	ports := make([]string, 0, len(c.ExposedPorts))
+	for p := range c.ExposedPorts {
+		ports = append(ports, p)
+	}
+	sort.Strings(ports)
 	return &Image{name: name, dir: dir, img: img, digest: digest, file: cf, cfg: Config{
 		Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User,
+		StopSignal: c.StopSignal, ExposedPorts: ports,
 	}}, nil
 }
 

@@ -236,15 +236,16 @@ const (
 // the freeze.
 type Prepare struct {
 	// ID is the migration's id, the same in both sides' journals.
-	ID       string   `json:"id"`
-	Name     string   `json:"name"`
-	Image    string   `json:"image"`
-	Digest   string   `json:"digest"` // the exact image the service runs from
-	IP       string   `json:"ip"`
-	MAC      string   `json:"mac"`
-	Args     []string `json:"args"`
-	Env      []string `json:"env"`
-	Cwd      string   `json:"cwd"`
+	ID     string   `json:"id"`
+	Name   string   `json:"name"`
+	Image  string   `json:"image"`
+	Digest string   `json:"digest"` // the exact image the service runs from
+	IP     string   `json:"ip"`
+	MAC    string   `json:"mac"`
+	Args   []string `json:"args"`
+	Env    []string `json:"env"`
+	Cwd    string   `json:"cwd"`
+	Process
 	Strategy Strategy `json:"strategy"`
 	From     string   `json:"from"`
 	// MemoryBytes is the service's resident memory, for the destination
@@ -255,6 +256,19 @@ type Prepare struct {
 	// through an authenticated tunnel opened with PageToken.
 	PageServer string `json:"page_server,omitempty"`
 	PageToken  string `json:"page_token,omitempty"`
+}
+
+// Process is what a service's image says of its process beyond its
+// command line, kept with the service wherever it runs: its user (as
+// declared, and as resolved in the image's own /etc/passwd and
+// /etc/group), its stop signal and its exposed ports.
+type Process struct {
+	User       string   `json:"user,omitempty"`
+	UID        uint32   `json:"uid,omitempty"`
+	GID        uint32   `json:"gid,omitempty"`
+	Groups     []uint32 `json:"groups,omitempty"`
+	StopSignal string   `json:"stop_signal,omitempty"`
+	Ports      []string `json:"ports,omitempty"`
 }
 
 // RestoreReport is the destination's account of's restore.

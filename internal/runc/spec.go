@@ -26,6 +26,10 @@ type Spec struct {
 	Env []string
 	// Cwd is the working directory; "/" when empty.
 	Cwd string
+	// UID, GID and Groups are the process's credentials (root when
+	// zero): the image's User, resolved in its own /etc/passwd.
+	UID, GID uint32
+	Groups   []uint32
 	// Hostname is set in the container's own UTS namespace when not empty.
 	Hostname string
 	// NetNSPath is the bind-mounted network namespace to join (created by
@@ -129,7 +133,7 @@ func (s Spec) Config() (*specs.Spec, error) {
 		Version: specs.Version,
 		Process: &specs.Process{
 			Terminal: false,
-			User:     specs.User{UID: 0, GID: 0},
+			User:     specs.User{UID: s.UID, GID: s.GID, AdditionalGids: append([]uint32(nil), s.Groups...)},
 			Args:     append([]string(nil), s.Args...),
 			Env:      env,
 			Cwd:      cwd,
