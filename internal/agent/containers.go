@@ -312,7 +312,15 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	}
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
 		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
-		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts}}
+		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes}}
+	if len(m.Volumes) > migration.MaxVolumes {
+		return api.Container{}, fmt.Errorf("%w: image %q declares %d volumes (at most %d)", ErrInvalid, r.Image, len(m.Volumes), migration.MaxVolumes)
+	}
+	for _, v := range m.Volumes {
+		if err := migration.ValidVolume(v); err != nil {
+			return api.Container{}, fmt.Errorf("%w: image %q: %v", ErrInvalid, r.Image, err)
+		}
+	}
 
 	defer func() {
 		if err != nil {
@@ -335,6 +343,9 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	}
 	m.UID, m.GID, m.Groups = ids.UID, ids.GID, ids.Groups
 	if err := a.writeMeta(m); err != nil {
+		return api.Container{}, err
+	}
+	if err := a.makeVolumes(m); err != nil {
 		return api.Container{}, err
 	}
 	if err := linux.NewNetNS(a.nsPath(r.Name)); err != nil {
@@ -374,7 +385,7 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 
 func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 	s := runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
-		UID: m.UID, GID: m.GID, Groups: m.Groups,
+		UID: m.UID, GID: m.GID, Groups: m.Groups, Mounts: a.volumeMounts(m),
 		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name),
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
 	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {

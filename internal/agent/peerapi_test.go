@@ -154,7 +154,8 @@ func TestValidatePrepare(t *testing.T) {
 	ok := migration.Prepare{ID: journal.NewID(), Name: "redis", Image: "services", Digest: "sha256:" + strings.Repeat("ab", 32),
 		IP: "10.200.1.5", MAC: netplane.MACFor(netip.MustParseAddr("10.200.1.5")).String(), Args: []string{"redis-server"},
 		Strategy: migration.StopAndCopy, From: "node1", MemoryBytes: 1 << 20,
-		Process: migration.Process{User: "nobody", UID: 65534, GID: 65534, StopSignal: "SIGTERM", Ports: []string{"6379/tcp", "53/udp", "8080"}}}
+		Process: migration.Process{User: "nobody", UID: 65534, GID: 65534, StopSignal: "SIGTERM", Ports: []string{"6379/tcp", "53/udp", "8080"},
+			Volumes: []string{"/data", "/var/lib/redis"}}}
 	if err := p.a.validatePrepare(ok, "node1"); err != nil {
 		t.Fatalf("valid prepare refused: %v", err)
 	}
@@ -281,4 +282,15 @@ func TestOperatorListener(t *testing.T) {
 	if resp.StatusCode != http.StatusForbidden {
 		t.Fatalf("plain HTTP got %d, want 403", resp.StatusCode)
 	}
+}
+
+// The volumes' directory of a writable layer is masked in every
+// container, so a service sees its volumes only where they are bound.
+func TestVolumesDirMasked(t *testing.T) {
+	for _, d := range runc.MaskedDirs {
+		if d == "/"+migration.VolumesDir {
+			return
+		}
+	}
+	t.Fatalf("%s is not among the masked directories %v", migration.VolumesDir, runc.MaskedDirs)
 }

@@ -93,6 +93,14 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 	if len(p.User) > 256 || len(p.Groups) > maxGroups || len(p.Ports) > maxPorts {
 		return bad("user of %d bytes, %d groups, %d ports (at most 256, %d, %d)", len(p.User), len(p.Groups), len(p.Ports), maxGroups, maxPorts)
 	}
+	if len(p.Volumes) > migration.MaxVolumes {
+		return bad("%d volumes (at most %d)", len(p.Volumes), migration.MaxVolumes)
+	}
+	for _, v := range p.Volumes {
+		if err := migration.ValidVolume(v); err != nil {
+			return bad("%v", err)
+		}
+	}
 	for i, s := range p.Ports {
 		if !portRE.MatchString(s) {
 			return bad("port %d %q: want PORT/tcp, PORT/udp or PORT", i, s)

@@ -57,6 +57,8 @@ type Config struct {
 	StopSignal string `json:"stop_signal,omitempty"`
 	// ExposedPorts are the ports the image declares ("6379/tcp"), sorted.
 	ExposedPorts []string `json:"exposed_ports,omitempty"`
+	// Volumes are the directories the image declares as volumes, sorted.
+	Volumes []string `json:"volumes,omitempty"`
 }
 
 // Args returns the process arguments the image runs by default:
@@ -108,9 +110,14 @@ func newImage(name, dir string, img v1.Image) (*Image, error) {
 		ports = append(ports, p)
 	}
 	sort.Strings(ports)
+	vols := make([]string, 0, len(c.Volumes))
+	for v := range c.Volumes {
+		vols = append(vols, v)
+	}
+	sort.Strings(vols)
 	return &Image{name: name, dir: dir, img: img, digest: digest, file: cf, cfg: Config{
 		Entrypoint: c.Entrypoint, Cmd: c.Cmd, Env: c.Env, WorkingDir: c.WorkingDir, User: c.User,
-		StopSignal: c.StopSignal, ExposedPorts: ports,
+		StopSignal: c.StopSignal, ExposedPorts: ports, Volumes: vols,
 	}}, nil
 }
 

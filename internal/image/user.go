@@ -5,10 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strconv"
 	"strings"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"golang.org/x/sys/unix"
 )
 
@@ -89,19 +89,13 @@ const maxIDFile = 1 << 20
 // readInRoot reads rootfs/name without following a link out of rootfs;
 // a missing file reads empty.
 func readInRoot(rootfs, name string) ([]byte, error) {
-	dir, err := os.Open(rootfs)
-	if err != nil {
-		return nil, err
-	}
-	defer dir.Close()
-	fd, err := unix.Openat2(int(dir.Fd()), name, &unix.OpenHow{Flags: unix.O_RDONLY | unix.O_CLOEXEC, Resolve: unix.RESOLVE_IN_ROOT | unix.RESOLVE_NO_MAGICLINKS})
+	f, err := linux.OpenInRoot(rootfs, name, unix.O_RDONLY)
 	if errors.Is(err, unix.ENOENT) {
 		return nil, nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open the image's /%s: %w", name, err)
 	}
-	f := os.NewFile(uintptr(fd), name)
 	defer f.Close()
 	b, err := io.ReadAll(io.LimitReader(f, maxIDFile+1))
 	if err != nil {

@@ -2,6 +2,8 @@ package migration
 
 import (
 	"fmt"
+	"path"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -261,7 +263,7 @@ type Prepare struct {
 // Process is what a service's image says of its process beyond its
 // command line, kept with the service wherever it runs: its user (as
 // declared, and as resolved in the image's own /etc/passwd and
-// /etc/group), its stop signal and its exposed ports.
+// /etc/group), its stop signal, its exposed ports and its volumes.
 type Process struct {
 	User       string   `json:"user,omitempty"`
 	UID        uint32   `json:"uid,omitempty"`
@@ -269,7 +271,37 @@ type Process struct {
 	Groups     []uint32 `json:"groups,omitempty"`
 	StopSignal string   `json:"stop_signal,omitempty"`
 	Ports      []string `json:"ports,omitempty"`
+	// Volumes are the image's volume paths; volume i's data lives in
+	// the writable layer's VolumeDir(i), bound at the path, so it
+	// travels (and is pre-copied) with the layer.
+	Volumes []string `json:"volumes,omitempty"`
 }
+
+// VolumesDir is the directory of a writable layer that holds a
+// container's volumes; the container never sees it (it is masked, as
+// runc.MaskedDirs lists).
+const VolumesDir = ".edgehop-volumes"
+
+// VolumeDir is volume i's directory relative to the writable layer.
+func VolumeDir(i int) string { return VolumesDir + "/" + strconv.Itoa(i) }
+
+// ValidVolume checks a volume path an image declares: absolute, clean,
+// not the root and outside the kernel's file systems and the volumes'
+// own directory.
+func ValidVolume(v string) error {
+	if !path.IsAbs(v) || path.Clean(v) != v || v == "/" || len(v) > 4096 {
+		return fmt.Errorf("volume %q: want a clean absolute path other than /", v)
+	}
+	for _, no := range []string{"/proc", "/sys", "/dev", "/" + VolumesDir} {
+		if v == no || strings.HasPrefix(v, no+"/") {
+			return fmt.Errorf("volume %q: not under %s", v, no)
+		}
+	}
+	return nil
+}
+
+// MaxVolumes bounds the volumes of one container.
+const MaxVolumes = 32
 
 // RestoreReport is the destination's account of's restore.
 type RestoreReport struct {

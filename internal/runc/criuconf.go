@@ -36,7 +36,9 @@ const SkipNetworkLock = "network-lock skip\n"
 // (the OCI spec's masked paths that are directories; runc masks each with
 // a read-only tmpfs). MaskedFiles are masked with /dev/null.
 var (
-	MaskedDirs  = []string{"/proc/acpi", "/proc/asound", "/proc/scsi", "/sys/firmware"}
+	// The last is where a container's volumes live in its writable layer
+	// (migration.VolumesDir): bound at their paths, never seen whole.
+	MaskedDirs  = []string{"/proc/acpi", "/proc/asound", "/proc/scsi", "/sys/firmware", "/.edgehop-volumes"}
 	MaskedFiles = []string{"/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list", "/proc/timer_stats", "/proc/sched_debug"}
 )
 

@@ -1,0 +1,84 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+
+	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
+)
+
+// volumeDir is volume i of container name on this node: a directory of
+// its writable layer, so that it travels and is pre-copied with it.
+func (a *Agent) volumeDir(name string, i int) string {
+	return filepath.Join(a.dir(name), "upper", migration.VolumeDir(i))
+}
+
+// volumeMounts binds each of m's volume directories at its path.
+func (a *Agent) volumeMounts(m meta) []specs.Mount {
+	var out []specs.Mount
+	for i, v := range m.Volumes {
+		out = append(out, specs.Mount{Destination: v, Type: "bind", Source: a.volumeDir(m.Name, i), Options: []string{"rbind", "rw"}})
+	}
+	return out
+}
+
+// makeVolumes creates m's volume directories, each seeded, as container
+// engines do, with what the image holds at the volume's path (its files,
+// owner and mode); a path the image does not have becomes an empty
+// directory owned by the container's user, so a service that runs as
+// another user than root can use it. The root file system must be
+// mounted.
+func (a *Agent) makeVolumes(m meta) error {
+	for i, v := range m.Volumes {
+		dir := a.volumeDir(m.Name, i)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("volume %s: %w", v, err)
+		}
+		if err := seedVolume(a.rootfs(m.Name), v, dir); err != nil {
+			if !errors.Is(err, os.ErrNotExist) {
+				return fmt.Errorf("volume %s: seed from the image: %w", v, err)
+			}
+			if err := os.Chown(dir, int(m.UID), int(m.GID)); err != nil {
+				return fmt.Errorf("volume %s: %w", v, err)
+			}
+		}
+	}
+	return nil
+}
+
+// seedVolume copies the image's directory at path v inside rootfs (found
+// without leaving rootfs) into dir, with owners, modes and links as they
+// are; os.ErrNotExist when the image has no such directory.
+func seedVolume(rootfs, v, dir string) error {
+	src, err := linux.OpenInRoot(rootfs, v, unix.O_RDONLY|unix.O_DIRECTORY)
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+		return os.ErrNotExist
+	}
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	fd := int(src.Fd())
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		return err
+	}
+	// The open descriptor is the source (through this process's fd
+	// link): no path is resolved in the image again.
+	from := "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(fd) + "/."
+	cmd := exec.Command("cp", "-a", "--", from, dir+"/")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("cp: %v: %s", err, out)
+	}
+	if err := os.Chown(dir, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	return unix.Chmod(dir, st.Mode&0o7777)
+}
