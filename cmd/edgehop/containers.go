@@ -19,8 +19,8 @@ import (
 func init() {
 	register(command{name: "run", summary: "run a container on a node: run --node N --name S --image I [--ip A] -- CMD…", run: runRun})
 	register(command{name: "ps", summary: "list containers on every node", run: runPs})
-	register(command{name: "logs", summary: "print a container's output", run: runLogs})
-	register(command{name: "rm", summary: "stop and remove a container", run: runRm})
+	register(command{name: "logs", summary: "print a container's output (a group's: each member's)", run: runLogs})
+	register(command{name: "rm", summary: "stop and remove a container (a group: every member)", run: runRm})
 }
 
 // agents returns a client per node of the testbed.
@@ -81,9 +81,15 @@ func runRun(ctx context.Context, args []string) error {
 	ip := fs.String("ip", "", "overlay address (default: allocated from the node's range)")
 	var env multiFlag
 	fs.Var(&env, "env", "environment variable KEY=VALUE (repeatable)")
+	group := fs.String("group", "", "make it a member of GROUP, which migrates as one unit ('edgehop migrate GROUP --to N')")
+	after := fs.String("after", "", "members of its group it depends on, comma-separated: restored before it serves")
 	asJSON := fs.Bool("json", false, "print the container as JSON")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	var deps []string
+	if *after != "" {
+		deps = strings.Split(*after, ",")
 	}
 	rest := fs.Args()
 	if len(rest) > 0 && rest[0] == "--" {
@@ -108,8 +114,14 @@ func runRun(ctx context.Context, args []string) error {
 		return err
 	}
 	for _, c := range all {
-		if c.Name == *name {
+		if c.Name == *name || c.Group == *name {
+			if c.Group == *name {
+				return fmt.Errorf("%q names a group (of %s on %s); pick another container name", *name, c.Name, c.Node)
+			}
 			return fmt.Errorf("a container named %q already runs on %s (pick another name or 'edgehop rm %s')", *name, c.Node, *name)
+		}
+		if *group != "" && c.Name == *group {
+			return fmt.Errorf("group %q would share the name of container %s on %s; pick another", *group, c.Name, c.Node)
 		}
 		if *ip != "" && c.IP == *ip {
 			return fmt.Errorf("address %s is already used by %q on %s", *ip, c.Name, c.Node)
@@ -117,7 +129,7 @@ func runRun(ctx context.Context, args []string) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env})
+	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env, Group: *group, After: deps})
 	if err != nil {
 		return err
 	}
@@ -157,16 +169,21 @@ func runPs(ctx context.Context, args []string) error {
 		return err
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAME\tNODE\tIMAGE\tIP\tPORTS\tUSER\tSTATUS\tPID")
+	fmt.Fprintln(w, "NAME\tGROUP\tNODE\tIMAGE\tIP\tPORTS\tUSER\tSTATUS\tPID")
 	for _, c := range all {
-		ports, user := strings.Join(c.Ports, ","), c.User
+		ports, user, group := strings.Join(c.Ports, ","), c.User, c.Group
 		if ports == "" {
 			ports = "-"
+		}
+		if group == "" {
+			group = "-"
+		} else if len(c.After) > 0 {
+			group += " (after " + strings.Join(c.After, ",") + ")"
 		}
 		if user == "" {
 			user = "root"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", c.Name, c.Node, c.Image, c.IP, ports, user, c.Status, c.PID)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", c.Name, group, c.Node, c.Image, c.IP, ports, user, c.Status, c.PID)
 	}
 	if ferr := w.Flush(); ferr != nil {
 		return ferr
@@ -190,7 +207,17 @@ func runLogs(ctx context.Context, args []string) error {
 	}
 	node, _, err := findContainer(ctx, st, fs.Arg(0))
 	if err != nil {
-		return err
+		members, gerr := groupMembers(ctx, st, fs.Arg(0))
+		if gerr != nil || len(members) == 0 {
+			return err
+		}
+		// A group: each member's output under its name.
+		var errs []error
+		for _, m := range byDependency(members) {
+			fmt.Printf("==> %s on %s <==\n", m.Name, m.Node)
+			errs = append(errs, agents(st)[m.Node].Logs(ctx, m.Name, os.Stdout))
+		}
+		return errors.Join(errs...)
 	}
 	return agents(st)[node].Logs(ctx, fs.Arg(0), os.Stdout)
 }
@@ -214,6 +241,14 @@ func runRm(ctx context.Context, args []string) error {
 		node, _, err := findContainer(ctx, st, name)
 		if err == nil {
 			err = agents(st)[node].Remove(ctx, name)
+		} else if members, gerr := groupMembers(ctx, st, name); gerr == nil && len(members) > 0 {
+			// A group: every member, dependents first.
+			err = nil
+			ordered := byDependency(members)
+			for i := len(ordered) - 1; i >= 0; i-- {
+				m := ordered[i]
+				err = errors.Join(err, agents(st)[m.Node].Remove(ctx, m.Name))
+			}
 		}
 		errs = append(errs, err)
 	}

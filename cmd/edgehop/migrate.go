@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register(command{name: "migrate", summary: "live-migrate a container: migrate NAME --to NODE [--strategy stop-and-copy|post-copy|pre-copy|hybrid|auto] [--json]", run: runMigrate})
+	register(command{name: "migrate", summary: "live-migrate a container, or a group of them as one: migrate NAME|GROUP --to NODE [--strategy stop-and-copy|post-copy|pre-copy|hybrid|auto] [--json]", run: runMigrate})
 }
 
 // parseInterleaved parses flags that may come before or after positional
@@ -88,12 +88,24 @@ func runMigrate(ctx context.Context, args []string) error {
 	if _, ok := st.Node(*to); !ok {
 		return fmt.Errorf("unknown destination node %q (see 'edgehop testbed status')", *to)
 	}
-	node, ctr, err := findContainer(ctx, st, pos[0])
-	if err != nil {
-		return err
-	}
 	if _, err := transfer.ParseCompression(*compress); err != nil {
 		return fmt.Errorf("%w: --compress: %v", errUsage, err)
+	}
+	node, ctr, err := findContainer(ctx, st, pos[0])
+	if err != nil {
+		// Not a container: a group of them, which moves as one.
+		members, gerr := groupMembers(ctx, st, pos[0])
+		if gerr != nil || len(members) == 0 {
+			return err
+		}
+		if migration.Strategy(*strategy) == migration.Auto {
+			return fmt.Errorf("%w: --strategy auto plans one container; give a group a strategy", errUsage)
+		}
+		if *rounds < 0 {
+			return fmt.Errorf("%w: --rounds %d < 0", errUsage, *rounds)
+		}
+		return migrateGroup(ctx, st, pos[0], members, api.MigrateRequest{To: *to, Strategy: *strategy, Rounds: *rounds,
+			Compression: *compress, MaxFrozenMs: maxFrozen.Milliseconds()}, *asJSON, *timeout)
 	}
 	linkBps := st.PathRate(node, *to)
 	var plan *model.PlanResult

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/model"
 )
 
@@ -121,5 +122,16 @@ func TestModelUsageErrors(t *testing.T) {
 		if !errors.Is(err, errUsage) {
 			t.Errorf("%v: err = %v, want a usage error", args, err)
 		}
+	}
+}
+
+func TestByDependency(t *testing.T) {
+	ms := []api.Container{{Name: "a", After: []string{"c"}}, {Name: "b"}, {Name: "c", After: []string{"b", "elsewhere"}}, {Name: "x", After: []string{"y"}}, {Name: "y", After: []string{"x"}}}
+	var got []string
+	for _, m := range byDependency(ms) {
+		got = append(got, m.Name)
+	}
+	if strings.Join(got, ",") != "b,c,a,x,y" {
+		t.Errorf("order %v, want b,c,a then the cycle x,y", got)
 	}
 }

@@ -40,6 +40,10 @@ type Agent struct {
 	busy       map[string]bool       // names with an operation in progress
 	ipReserved map[netip.Addr]string // addresses held for a container being created or received
 
+	// restored: members of group migrations restored here, so that a
+	// member is released only after those it depends on.
+	restored restoredSet
+
 	runCtx  context.Context // the agent's lifetime; jobs run on it
 	journal *journal.Journal
 	jobs    jobs

@@ -312,7 +312,11 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	}
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
 		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
-		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes}}
+		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes,
+			Group: r.Group, After: r.After}}
+	if err := checkGroup(m.Name, m.Group, m.After); err != nil {
+		return api.Container{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	if len(m.Volumes) > migration.MaxVolumes {
 		return api.Container{}, fmt.Errorf("%w: image %q declares %d volumes (at most %d)", ErrInvalid, r.Image, len(m.Volumes), migration.MaxVolumes)
 	}
@@ -504,7 +508,8 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 
 func (a *Agent) describe(ctx context.Context, c *container) api.Container {
 	out := api.Container{Name: c.meta.Name, Node: a.cfg.Node, Image: c.meta.Image, IP: c.meta.IP, MAC: c.meta.MAC,
-		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown", User: c.meta.User, Ports: c.meta.Ports}
+		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown", User: c.meta.User, Ports: c.meta.Ports,
+		Group: c.meta.Group, After: c.meta.After}
 	if st, err := a.rt.State(ctx, c.meta.Name); err == nil {
 		out.Status, out.PID = string(st.Status), st.Pid
 		out.MemoryBytes = cgroupRSS(a.cgroupsPath(c.meta.Name))

@@ -450,6 +450,9 @@ func (in *incoming) restore(ctx context.Context) error {
 		return fmt.Errorf("restore: %w", err)
 	}
 	in.c.log = lf
+	if p.Unit != "" {
+		a.restored.mark(p.Unit, p.Name)
+	}
 	return nil
 }
 
@@ -465,6 +468,16 @@ func (in *incoming) awaitCommit(ctx context.Context) error {
 // its held packets delivered.
 func (in *incoming) releaseHeld(ctx context.Context) {
 	a := in.a
+	if p := in.p; p.Unit != "" && len(p.After) > 0 {
+		// A group's member serves only once the members it depends on
+		// are restored here (their packets stay held meanwhile).
+		t := time.Now()
+		if missing := a.restored.await(ctx, p.Unit, p.Members, p.After, unitDepsWait); len(missing) > 0 {
+			a.log.Warn("serving before the members it depends on were restored (their migrations failed?)", "container", p.Name, "missing", missing)
+		} else if w := time.Since(t); w > time.Millisecond {
+			a.log.Info("waited for the members it depends on", "container", p.Name, "after", p.After, "waited", w)
+		}
+	}
 	if in.holder != nil {
 		held, err := in.holder.Release()
 		if err != nil {

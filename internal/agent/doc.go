@@ -15,6 +15,11 @@
 // journaling every phase before acting on it. recover.go settles, at
 // start, every migration the journal shows unfinished.
 //
+// A group's members migrate as one unit (unit.go): a job each, which
+// meet at two barriers, before the freeze and before the commit, so a
+// failure up to the commit rolls every member back; the destination
+// releases a member only once the members it depends on are restored.
+//
 // # The frozen window
 //
 // The network lock is edgehop's, not CRIU's. Every bundle names a CRIU

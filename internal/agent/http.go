@@ -90,19 +90,41 @@ func (a *Agent) operatorHandler() http.Handler {
 			writeErr(w, err)
 			return
 		}
-		s, err := migration.ParseStrategy(req.Strategy)
+		mr, err := migrationRequest(req.MigrateRequest)
 		if err != nil {
-			writeErr(w, fmt.Errorf("%w: %v", ErrInvalid, err))
+			writeErr(w, err)
 			return
 		}
-		j, err := a.StartMigration(req.Container, migration.Request{To: req.To, Strategy: s, Rounds: req.Rounds,
-			Compression: req.Compression, LinkBps: req.LinkBps, MaxFrozenMs: req.MaxFrozenMs})
+		j, err := a.StartMigration(req.Container, mr)
 		if err != nil {
 			writeErr(w, err)
 			return
 		}
 		snap, _, _ := j.snapshot(a.cfg.Node)
 		writeJSON(w, http.StatusAccepted, snap)
+	})
+	mux.HandleFunc("POST /v1/groups/{group}/migrations", func(w http.ResponseWriter, r *http.Request) {
+		var req api.MigrateRequest
+		if err := decode(r, &req); err != nil {
+			writeErr(w, err)
+			return
+		}
+		mr, err := migrationRequest(req)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		js, err := a.StartGroupMigration(r.PathValue("group"), mr)
+		if err != nil {
+			writeErr(w, err)
+			return
+		}
+		out := make([]api.Job, 0, len(js))
+		for _, j := range js {
+			snap, _, _ := j.snapshot(a.cfg.Node)
+			out = append(out, snap)
+		}
+		writeJSON(w, http.StatusAccepted, out)
 	})
 	mux.HandleFunc("GET /v1/migrations", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusOK, a.Jobs())
@@ -476,4 +498,13 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusServiceUnavailable, "unavailable"
 	}
 	writeJSON(w, status, api.Error{Code: code, Message: err.Error()})
+}
+
+// migrationRequest reads an operator's migration request.
+func migrationRequest(r api.MigrateRequest) (migration.Request, error) {
+	s, err := migration.ParseStrategy(r.Strategy)
+	if err != nil {
+		return migration.Request{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
+	return migration.Request{To: r.To, Strategy: s, Rounds: r.Rounds, Compression: r.Compression, LinkBps: r.LinkBps, MaxFrozenMs: r.MaxFrozenMs}, nil
 }

@@ -40,26 +40,46 @@ func (a *Agent) peer(name string) (Peer, error) {
 // StartMigration checks a migration request and starts it as a job of
 // this agent; the service keeps running untouched when it is refused.
 func (a *Agent) StartMigration(name string, req migration.Request) (*job, error) {
-	if req.To == a.cfg.Node {
-		return nil, fmt.Errorf("%w: %s already runs on %s", ErrInvalid, name, req.To)
+	if err := checkRequest(a.cfg.Node, req); err != nil {
+		return nil, err
+	}
+	o, err := a.newOutgoing(name, req)
+	if err != nil {
+		return nil, err
+	}
+	return a.runOutgoing(o), nil
+}
+
+// checkRequest checks what a migration request asks for itself.
+func checkRequest(node string, req migration.Request) error {
+	if req.To == node {
+		return fmt.Errorf("%w: the destination %s is this node", ErrInvalid, req.To)
 	}
 	switch req.Strategy {
 	case migration.StopAndCopy, migration.PostCopy, migration.PreCopy, migration.Hybrid:
 	default:
-		return nil, fmt.Errorf("%w: strategy %q is not available on the agent (stop-and-copy, post-copy, pre-copy, hybrid; auto is resolved by the CLI)", ErrInvalid, req.Strategy)
+		return fmt.Errorf("%w: strategy %q is not available on the agent (stop-and-copy, post-copy, pre-copy, hybrid; auto is resolved by the CLI)", ErrInvalid, req.Strategy)
 	}
 	if req.Rounds < 0 {
-		return nil, fmt.Errorf("%w: rounds %d < 0", ErrInvalid, req.Rounds)
+		return fmt.Errorf("%w: rounds %d < 0", ErrInvalid, req.Rounds)
 	}
 	if req.MaxFrozenMs < 0 {
-		return nil, fmt.Errorf("%w: max frozen %d ms < 0", ErrInvalid, req.MaxFrozenMs)
+		return fmt.Errorf("%w: max frozen %d ms < 0", ErrInvalid, req.MaxFrozenMs)
 	}
+	if req.Compression != "" {
+		if _, err := transfer.ParseCompression(req.Compression); err != nil {
+			return fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
+	}
+	return nil
+}
+
+// newOutgoing claims container name for a migration by req (checked)
+// and readies its driver; runOutgoing starts it.
+func (a *Agent) newOutgoing(name string, req migration.Request) (*outgoing, error) {
 	comp := transfer.CompressAuto
 	if req.Compression != "" {
-		var err error
-		if comp, err = transfer.ParseCompression(req.Compression); err != nil {
-			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
+		comp, _ = transfer.ParseCompression(req.Compression)
 	}
 	peer, err := a.peer(req.To)
 	if err != nil {
@@ -84,13 +104,19 @@ func (a *Agent) StartMigration(name string, req migration.Request) (*job, error)
 		a.release(name)
 		return nil, err
 	}
-	jctx, cancel := context.WithCancelCause(ctx)
 	id := journal.NewID()
-	j := newJob(id, migration.RoleSource, name, a.cfg.Node, req.To, req.Strategy, cancel)
-	o := &outgoing{a: a, job: j, m: migration.NewSource(req.Strategy), req: req, c: c, peer: peer, dumpAs: dumpAs,
+	return &outgoing{a: a, m: migration.NewSource(req.Strategy), req: req, c: c, peer: peer, dumpAs: dumpAs,
 		send: transfer.SendOptions{Compression: comp, LinkBitsPerSecond: max(req.LinkBps, 0)}, comp: comp,
 		rec: journal.Record{ID: id, Role: migration.RoleSource, Container: name, Peer: req.To, Strategy: req.Strategy,
-			ImageDir: filepath.Join(a.scratchDir(), name+"-out")}}
+			ImageDir: filepath.Join(a.scratchDir(), name+"-out")}}, nil
+}
+
+// runOutgoing starts o's job; the container stays claimed until it ends.
+func (a *Agent) runOutgoing(o *outgoing) *job {
+	name := o.rec.Container
+	jctx, cancel := context.WithCancelCause(a.runCtx)
+	j := newJob(o.rec.ID, migration.RoleSource, name, a.cfg.Node, o.req.To, o.req.Strategy, cancel)
+	o.job = j
 	a.jobs.add(j)
 	a.metrics.MigrationStarted(migration.RoleSource)
 	a.wg.Add(1)
@@ -100,7 +126,7 @@ func (a *Agent) StartMigration(name string, req migration.Request) (*job, error)
 		defer a.release(name)
 		o.run(jctx)
 	}()
-	return j, nil
+	return j
 }
 
 // outgoing drives the source side of one migration: it performs the
@@ -118,6 +144,8 @@ type outgoing struct {
 	comp transfer.Compression
 	// dumpAs are the real ids CRIU dumps with (checkDumpable).
 	dumpAs *runc.IDs
+	// unit is the group migration this one is a member of (nil: alone).
+	unit *unit
 
 	tm        *migration.Timer
 	res       migration.Result
@@ -224,6 +252,12 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 	case migration.ActRounds:
 		return o.event(ctx, migration.EvRoundsDone, o.rounds(ctx))
 	case migration.ActFreeze:
+		if o.unit != nil {
+			// The unit's members freeze together.
+			if err := o.unit.arrive(ctx, stageFreeze, o.rss+layerBytes(filepath.Join(o.a.dir(o.rec.Container), "upper"))); err != nil {
+				return migration.Event{Kind: migration.EvCancel, Err: err}
+			}
+		}
 		if !o.job.enterFreeze() {
 			return migration.Event{Kind: migration.EvCancel, Err: errCancelled}
 		}
@@ -231,7 +265,12 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 	case migration.ActDump:
 		return o.frozenEvent(migration.EvDumped, o.dump())
 	case migration.ActSend:
-		return o.frozenEvent(migration.EvSent, o.sendState())
+		err := o.sendState()
+		if err == nil && o.unit != nil {
+			// No member commits before every one has sent its state.
+			err = o.unit.arrive(o.fctx, stageSent, 0)
+		}
+		return o.frozenEvent(migration.EvSent, err)
 	case migration.ActAwaitOutcome:
 		return o.awaitOutcome()
 	case migration.ActAskDest:
@@ -304,6 +343,9 @@ func (o *outgoing) prepare(ctx context.Context) error {
 	m := o.c.meta
 	prep := migration.Prepare{ID: o.rec.ID, Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
 		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Process: m.Process, Strategy: o.req.Strategy, From: a.cfg.Node, MemoryBytes: o.rss}
+	if o.unit != nil {
+		prep.Unit, prep.Members = o.unit.id, o.unit.members
+	}
 	if lazy {
 		// Post-copy: CRIU serves the pages from loopback; the destination
 		// reaches it only through an authenticated tunnel with this token.
@@ -365,7 +407,11 @@ func (o *outgoing) freeze() error {
 	a, name := o.a, o.rec.Container
 	o.holdNewConnections()
 	o.budget = time.Duration(o.req.MaxFrozenMs) * time.Millisecond
-	if o.budget <= 0 {
+	switch {
+	case o.budget > 0:
+	case o.unit != nil:
+		o.budget = o.unit.budget(o.req.LinkBps)
+	default:
 		o.budget = migration.FrozenBudget(o.rss+layerBytes(filepath.Join(a.dir(name), "upper")), o.req.LinkBps)
 	}
 	if o.proxyL != nil {
@@ -836,6 +882,9 @@ func (o *outgoing) finish(act migration.Action) {
 		// service back.
 		_ = os.RemoveAll(o.rec.ImageDir)
 		_ = os.RemoveAll(o.rec.ImageDir + "-rollback")
+	}
+	if o.unit != nil && !res.OK {
+		o.unit.fail(res.Container, errors.New(res.Error))
 	}
 	a.recordHistory(*res)
 	a.metrics.ObserveResult(*res, migration.RoleSource)

@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 
 	"github.com/edgehop/edgehop/internal/journal"
@@ -28,6 +29,7 @@ const (
 	maxEnvBytes  = 8192
 	maxStateSize = 1 << 40
 	maxGroups    = 64
+	maxMembers   = 64
 	maxPorts     = 256
 )
 
@@ -93,6 +95,19 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 	if len(p.User) > 256 || len(p.Groups) > maxGroups || len(p.Ports) > maxPorts {
 		return bad("user of %d bytes, %d groups, %d ports (at most 256, %d, %d)", len(p.User), len(p.Groups), len(p.Ports), maxGroups, maxPorts)
 	}
+	if err := checkGroup(p.Name, p.Group, p.After); err != nil {
+		return bad("%v", err)
+	}
+	if p.Unit != "" || len(p.Members) > 0 {
+		if !journal.ValidID(p.Unit) || p.Group == "" || len(p.Members) > maxMembers || !slices.Contains(p.Members, p.Name) {
+			return bad("unit %q of %d members: want a migration id, a group, at most %d members including %s", p.Unit, len(p.Members), maxMembers, p.Name)
+		}
+		for _, m := range p.Members {
+			if !containerNameRE.MatchString(m) {
+				return bad("unit member %q: not a container name", m)
+			}
+		}
+	}
 	if len(p.Volumes) > migration.MaxVolumes {
 		return bad("%d volumes (at most %d)", len(p.Volumes), migration.MaxVolumes)
 	}
@@ -124,6 +139,29 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 		}
 	} else if p.PageServer != "" || p.PageToken != "" {
 		return bad("a page server for strategy %s", p.Strategy)
+	}
+	return nil
+}
+
+// checkGroup checks a container's group and the members it depends on:
+// names of containers, a dependency only within a group, never on itself.
+func checkGroup(name, group string, after []string) error {
+	if group == "" {
+		if len(after) > 0 {
+			return fmt.Errorf("%s depends on %v but is in no group", name, after)
+		}
+		return nil
+	}
+	if !containerNameRE.MatchString(group) {
+		return fmt.Errorf("group name %q: use letters, digits, '_', '.', '-' (max 63)", group)
+	}
+	if len(after) > maxMembers {
+		return fmt.Errorf("%s depends on %d members (at most %d)", name, len(after), maxMembers)
+	}
+	for _, d := range after {
+		if !containerNameRE.MatchString(d) || d == name {
+			return fmt.Errorf("%s depends on %q: want another member's name", name, d)
+		}
 	}
 	return nil
 }

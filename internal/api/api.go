@@ -21,6 +21,11 @@ type RunRequest struct {
 	IP    string   `json:"ip,omitempty"` // overlay address; allocated when empty
 	Args  []string `json:"args,omitempty"`
 	Env   []string `json:"env,omitempty"`
+	// Group makes the container a member of an application that
+	// migrates as one unit; After names the members it depends on (they
+	// are restored before it serves).
+	Group string   `json:"group,omitempty"`
+	After []string `json:"after,omitempty"`
 }
 
 // Container describes a container on a node.
@@ -41,6 +46,8 @@ type Container struct {
 	// the image's exposed ports.
 	User  string   `json:"user,omitempty"`
 	Ports []string `json:"ports,omitempty"`
+	Group string   `json:"group,omitempty"`
+	After []string `json:"after,omitempty"`
 }
 
 // Endpoint is where an overlay MAC lives; agents announce them to peers.
@@ -274,6 +281,13 @@ func (c *Client) Migrate(ctx context.Context, name string, r MigrateRequest, out
 func (c *Client) StartMigration(ctx context.Context, name string, r MigrateRequest) (Job, error) {
 	var j Job
 	return j, c.Do(ctx, http.MethodPost, "/v1/migrations", StartMigration{Container: name, MigrateRequest: r}, &j)
+}
+
+// StartGroupMigration starts moving every container of group on this
+// client's agent as one unit: a job per member.
+func (c *Client) StartGroupMigration(ctx context.Context, group string, r MigrateRequest) ([]Job, error) {
+	var js []Job
+	return js, c.Do(ctx, http.MethodPost, "/v1/groups/"+url.PathEscape(group)+"/migrations", r, &js)
 }
 
 // Job returns one migration job, running or ended.

@@ -248,6 +248,11 @@ type Prepare struct {
 	Env    []string `json:"env"`
 	Cwd    string   `json:"cwd"`
 	Process
+	// Unit identifies a group's migration, the same for every member's
+	// Prepare, and Members names them all: a member is released only
+	// once those of them it depends on are restored here.
+	Unit     string   `json:"unit,omitempty"`
+	Members  []string `json:"members,omitempty"`
 	Strategy Strategy `json:"strategy"`
 	From     string   `json:"from"`
 	// MemoryBytes is the service's resident memory, for the destination
@@ -275,6 +280,11 @@ type Process struct {
 	// the writable layer's VolumeDir(i), bound at the path, so it
 	// travels (and is pre-copied) with the layer.
 	Volumes []string `json:"volumes,omitempty"`
+	// Group is the application the service belongs to (it migrates with
+	// the group's other members as one unit), After the members it
+	// depends on.
+	Group string   `json:"group,omitempty"`
+	After []string `json:"after,omitempty"`
 }
 
 // VolumesDir is the directory of a writable layer that holds a

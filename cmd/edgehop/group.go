@@ -1,0 +1,177 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/testbed"
+)
+
+// groupMembers lists the containers of group, on whichever node.
+func groupMembers(ctx context.Context, st *testbed.State, group string) ([]api.Container, error) {
+	all, err := listAll(ctx, st)
+	var out []api.Container
+	for _, c := range all {
+		if c.Group == group {
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, err
+}
+
+// byDependency orders a group's members so that each comes after the
+// members it depends on (by name among equals; members of a cycle last).
+func byDependency(members []api.Container) []api.Container {
+	done := map[string]bool{}
+	in := map[string]bool{}
+	for _, m := range members {
+		in[m.Name] = true
+	}
+	var out []api.Container
+	for len(out) < len(members) {
+		progressed := false
+		for _, m := range members {
+			if done[m.Name] {
+				continue
+			}
+			ready := true
+			for _, d := range m.After {
+				ready = ready && (done[d] || !in[d])
+			}
+			if ready {
+				done[m.Name], progressed = true, true
+				out = append(out, m)
+			}
+		}
+		if !progressed { // a cycle: the rest as they are
+			for _, m := range members {
+				if !done[m.Name] {
+					done[m.Name] = true
+					out = append(out, m)
+				}
+			}
+		}
+	}
+	return out
+}
+
+// GroupResult is a group migration's outcome: each member's result, and
+// the members migrated back to the source when others failed after they
+// had moved (the unit ends where it started).
+type GroupResult struct {
+	Group      string             `json:"group"`
+	From       string             `json:"from"`
+	To         string             `json:"to"`
+	OK         bool               `json:"ok"`
+	DowntimeMs float64            `json:"downtime_ms"` // the longest member's: they freeze together
+	TotalMs    float64            `json:"total_ms"`
+	Members    []migration.Result `json:"members"`
+	Back       []migration.Result `json:"moved_back,omitempty"`
+	Error      string             `json:"error,omitempty"`
+}
+
+// migrateGroup moves the group's members (all on one node) to r.To as
+// one unit, and brings back any that moved when another failed.
+func migrateGroup(ctx context.Context, st *testbed.State, group string, members []api.Container, r api.MigrateRequest, asJSON bool, timeout time.Duration) error {
+	from := members[0].Node
+	for _, m := range members {
+		if m.Node != from {
+			return fmt.Errorf("group %s is split between %s and %s; a group moves from one node", group, from, m.Node)
+		}
+	}
+	if from == r.To {
+		return fmt.Errorf("group %s already runs on %s", group, r.To)
+	}
+	r.LinkBps = int64(st.PathRate(from, r.To))
+	clients := agents(st)
+	fctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	res := GroupResult{Group: group, From: from, To: r.To}
+	var err error
+	if res.Members, err = runGroupJobs(fctx, clients[from], group, r); err != nil {
+		return err
+	}
+	var moved, failed []string
+	for _, m := range res.Members {
+		res.DowntimeMs = max(res.DowntimeMs, m.DowntimeMs)
+		res.TotalMs = max(res.TotalMs, m.TotalMs)
+		if m.OK {
+			moved = append(moved, m.Container)
+		} else {
+			failed = append(failed, fmt.Sprintf("%s: %s", m.Container, m.Error))
+		}
+	}
+	res.OK = len(failed) == 0
+	if !res.OK {
+		res.Error = "the group stays on " + from + ": " + strings.Join(failed, "; ")
+		if len(moved) > 0 {
+			// Restored there after the unit committed, while another
+			// member's restore failed: move them back, as one.
+			back := r
+			back.To, back.LinkBps = from, int64(st.PathRate(r.To, from))
+			var berr error
+			if res.Back, berr = runGroupJobs(fctx, clients[r.To], group, back); berr != nil {
+				res.Error += fmt.Sprintf("; moving %v back to %s failed: %v", moved, from, berr)
+			}
+			for _, b := range res.Back {
+				if !b.OK {
+					res.Error += fmt.Sprintf("; %s could not move back: %s", b.Container, b.Error)
+				}
+			}
+		}
+	}
+	if asJSON {
+		if perr := printJSON(res); perr != nil {
+			return perr
+		}
+	} else if res.OK {
+		fmt.Printf("group %s: %s -> %s, downtime %.1f ms (longest member), total %.1f ms\n", group, from, r.To, res.DowntimeMs, res.TotalMs)
+		for _, m := range res.Members {
+			fmt.Printf("  %s: downtime %.1f ms, %d bytes on the wire\n", m.Container, m.DowntimeMs, m.BytesOnWire)
+		}
+	}
+	if !res.OK {
+		return fmt.Errorf("migration of group %s failed: %s", group, res.Error)
+	}
+	return nil
+}
+
+// runGroupJobs starts a group migration on client's agent and follows
+// every member's job to its end.
+func runGroupJobs(ctx context.Context, client *api.Client, group string, r api.MigrateRequest) ([]migration.Result, error) {
+	jobs, err := client.StartGroupMigration(ctx, group, r)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]migration.Result, len(jobs))
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done, err := client.FollowJob(ctx, j.ID, nil)
+			if err != nil {
+				errs[i] = fmt.Errorf("migration %s of %s: %w (it goes on on the agent; see 'edgehop migrations')", j.ID, j.Container, err)
+				return
+			}
+			if len(done.Result) > 0 {
+				errs[i] = json.Unmarshal(done.Result, &out[i])
+			}
+			if out[i].Container == "" {
+				out[i].Container, out[i].Error = j.Container, "ended "+done.State
+			}
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
+}

@@ -1,0 +1,210 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/migration"
+)
+
+// unit coordinates the members of a group that migrate as one, each in
+// its own job: none freezes before every member is ready to, and none
+// commits before every member has sent its state, so a member that fails
+// up to that point makes every other one roll back (or abort) on the
+// source. Their frozen-window budget is the whole unit's.
+type unit struct {
+	id      string
+	group   string
+	members []string
+
+	mu      sync.Mutex    // guards the fields below
+	arrived map[stage]int // members that reached each stage
+	bytes   int64         // the members' state, as each reported it at the freeze
+	failed  error
+	changed chan struct{} // closed and replaced at every change
+}
+
+// stage is a barrier of a unit's migration.
+type stage int
+
+const (
+	stageFreeze stage = iota // ready to freeze
+	stageSent                // state sent, ready to commit
+)
+
+func newUnit(group string, members []string) *unit {
+	return &unit{id: journal.NewID(), group: group, members: members, arrived: map[stage]int{}, changed: make(chan struct{})}
+}
+
+func (u *unit) broadcastLocked() {
+	close(u.changed)
+	u.changed = make(chan struct{})
+}
+
+// arrive records that a member reached s (with its state's size at the
+// freeze) and waits until every member has, or one has failed, or ctx
+// ends.
+func (u *unit) arrive(ctx context.Context, s stage, bytes int64) error {
+	u.mu.Lock()
+	u.arrived[s]++
+	u.bytes += bytes
+	u.broadcastLocked()
+	for {
+		if u.failed != nil {
+			err := u.failed
+			u.mu.Unlock()
+			return fmt.Errorf("group %s moves as one and %w", u.group, err)
+		}
+		if u.arrived[s] >= len(u.members) {
+			u.mu.Unlock()
+			return nil
+		}
+		ch := u.changed
+		u.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			err := context.Cause(ctx)
+			u.fail("the unit", err)
+			return err
+		}
+		u.mu.Lock()
+	}
+}
+
+// fail records a member's failure; members waiting at a barrier give up.
+func (u *unit) fail(member string, err error) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	if u.failed == nil {
+		u.failed = fmt.Errorf("%s failed: %w", member, err)
+		u.broadcastLocked()
+	}
+}
+
+// budget is the unit's frozen-window budget: every member's state
+// crosses the same link while all of them are frozen.
+func (u *unit) budget(linkBps int64) time.Duration {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return migration.FrozenBudget(u.bytes, linkBps)
+}
+
+// StartGroupMigration moves every container of group on this node to
+// req.To as one unit (see unit): one job per member, all sharing the
+// request. It claims every member first and starts nothing if one cannot
+// be migrated.
+func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job, error) {
+	if err := checkRequest(a.cfg.Node, req); err != nil {
+		return nil, err
+	}
+	a.mu.Lock()
+	var names []string
+	for n, c := range a.containers {
+		if c.meta.Group == group {
+			names = append(names, n)
+		}
+	}
+	a.mu.Unlock()
+	if len(names) == 0 {
+		return nil, fmt.Errorf("%w: no container of group %q on %s (see 'edgehop ps')", ErrNotFound, group, a.cfg.Node)
+	}
+	sort.Strings(names)
+	var claimed []string
+	release := func() {
+		for _, n := range claimed {
+			a.release(n)
+		}
+	}
+	var outs []*outgoing
+	u := newUnit(group, names)
+	for _, name := range names {
+		o, err := a.newOutgoing(name, req)
+		if err != nil {
+			release()
+			return nil, fmt.Errorf("group %s cannot move: %w", group, err)
+		}
+		claimed = append(claimed, name)
+		o.unit = u
+		outs = append(outs, o)
+	}
+	var jobs []*job
+	for _, o := range outs {
+		jobs = append(jobs, a.runOutgoing(o))
+	}
+	a.log.Info("group migration", "group", group, "members", names, "to", req.To, "unit", u.id)
+	return jobs, nil
+}
+
+// dependencies of the members being restored here, by unit: a member is
+// released only once the members it depends on are restored.
+type restoredSet struct {
+	mu      sync.Mutex
+	units   map[string]map[string]time.Time // unit -> member -> when restored
+	changed chan struct{}
+}
+
+func (r *restoredSet) mark(unitID, member string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.units == nil {
+		r.units = map[string]map[string]time.Time{}
+	}
+	for id, m := range r.units { // forget units long settled
+		for _, t := range m {
+			if time.Since(t) > 10*time.Minute {
+				delete(r.units, id)
+			}
+			break
+		}
+	}
+	if r.units[unitID] == nil {
+		r.units[unitID] = map[string]time.Time{}
+	}
+	r.units[unitID][member] = time.Now()
+	if r.changed != nil {
+		close(r.changed)
+	}
+	r.changed = make(chan struct{})
+}
+
+// await waits until every dependency of a member that is part of the
+// unit is restored here, at most max; it returns those still missing.
+func (r *restoredSet) await(ctx context.Context, unitID string, members, deps []string, max time.Duration) []string {
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		var missing []string
+		for _, d := range deps {
+			if _, ok := r.units[unitID][d]; !ok && slices.Contains(members, d) {
+				missing = append(missing, d)
+			}
+		}
+		if r.changed == nil {
+			r.changed = make(chan struct{})
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		if len(missing) == 0 {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return missing
+		case <-deadline.C:
+			return missing
+		}
+	}
+}
+
+// unitDepsWait bounds how long a restored member waits for the members it
+// depends on before it serves anyway (their migrations failed; the unit
+// goes back to the source).
+const unitDepsWait = 30 * time.Second

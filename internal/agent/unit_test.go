@@ -1,0 +1,94 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// The members of a unit pass a barrier together; one failing makes the
+// others waiting there give up with its reason.
+func TestUnitBarriers(t *testing.T) {
+	u := newUnit("app", []string{"db", "web"})
+	ctx := context.Background()
+	done := make(chan error, 1)
+	go func() { done <- u.arrive(ctx, stageFreeze, 100<<20) }()
+	select {
+	case err := <-done:
+		t.Fatalf("passed the barrier alone: %v", err)
+	case <-time.After(50 * time.Millisecond):
+	}
+	if err := u.arrive(ctx, stageFreeze, 300<<20); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- u.arrive(ctx, stageSent, 0) }()
+	time.Sleep(20 * time.Millisecond)
+	u.fail("web", errors.New("restore refused"))
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "web failed: restore refused") {
+			t.Fatalf("waiter got %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a failed member left the other waiting")
+	}
+	// Later arrivals see the failure at once.
+	if err := u.arrive(ctx, stageSent, 0); err == nil {
+		t.Fatal("arrived after a failure without error")
+	}
+	// A waiter whose context ends gives up, and fails the unit.
+	v := newUnit("app", []string{"a", "b"})
+	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer cancel()
+	if err := v.arrive(cctx, stageFreeze, 0); err == nil {
+		t.Fatal("no error when the context ended")
+	}
+	if err := v.arrive(ctx, stageFreeze, 0); err == nil {
+		t.Fatal("the unit did not fail with its waiter's context")
+	}
+}
+
+func TestUnitBudget(t *testing.T) {
+	small := newUnit("g", []string{"a"})
+	big := newUnit("g", []string{"a", "b"})
+	ctx := context.Background()
+	_ = small.arrive(ctx, stageFreeze, 10<<20)
+	go func() { _ = big.arrive(ctx, stageFreeze, 10<<20) }()
+	_ = big.arrive(ctx, stageFreeze, 2<<30)
+	if small.budget(1e9) >= big.budget(1e9) {
+		t.Errorf("budget of 10 MiB %v, of 2 GiB more %v: want the unit's state to count", small.budget(1e9), big.budget(1e9))
+	}
+}
+
+// A restored member waits for the members it depends on that are part
+// of the unit, not for others, and at most the given time.
+func TestRestoredSet(t *testing.T) {
+	var r restoredSet
+	ctx := context.Background()
+	if missing := r.await(ctx, "u1", []string{"db", "web"}, []string{"db", "cache"}, 30*time.Millisecond); len(missing) != 1 || missing[0] != "db" {
+		t.Fatalf("missing %v, want [db] (cache is not in the unit)", missing)
+	}
+	got := make(chan []string, 1)
+	go func() { got <- r.await(ctx, "u1", []string{"db", "web"}, []string{"db"}, 5*time.Second) }()
+	time.Sleep(20 * time.Millisecond)
+	r.mark("u2", "db") // another unit's db does not count
+	select {
+	case m := <-got:
+		t.Fatalf("released by another unit's member: %v", m)
+	case <-time.After(30 * time.Millisecond):
+	}
+	r.mark("u1", "db")
+	select {
+	case m := <-got:
+		if len(m) != 0 {
+			t.Fatalf("missing %v after db was restored", m)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("not released once db was restored")
+	}
+}
