@@ -122,7 +122,9 @@ type incoming struct {
 	m    *migration.Dest
 	rec  journal.Record
 	conn *transfer.Conn // nil when a restarted agent settles the migration
-	p    migration.Prepare
+	// frozen is the source's announcement of the freeze.
+	frozen migration.FreezeNotice
+	p      migration.Prepare
 
 	c           *container
 	lower       string
@@ -316,13 +318,15 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 		in.warm = reserveFor(context.WithoutCancel(ctx), 2*in.p.MemoryBytes)
 		in.cleanup = append(in.cleanup, func() { in.warm.Close() })
 	}
-	return in.a.receiveRounds(ctx, in.conn, in.store, in.upper)
+	var err error
+	in.frozen, err = in.a.receiveRounds(ctx, in.conn, in.store, in.upper)
+	return err
 }
 
 // takeTraffic points the overlay here; the packets are held.
 func (in *incoming) takeTraffic(ctx context.Context) {
 	_, _ = in.warm.Release(in.p.MemoryBytes)
-	in.sw = in.a.takeTraffic(ctx, in.c, in.p.From)
+	in.sw = in.a.takeTraffic(ctx, in.c, in.p.From, in.frozen.Accepting)
 }
 
 // scratchHeadroom is the scratch space a migration needs beyond the
@@ -499,7 +503,7 @@ func (in *incoming) releaseHeld(ctx context.Context) {
 		if err := netplane.Unhold(a.nsPath(in.c.meta.Name)); err != nil {
 			a.log.Warn("remove hold rules", "container", in.c.meta.Name, "err", err)
 		}
-		in.sw = a.takeTraffic(ctx, in.c, in.p.From)
+		in.sw = a.takeTraffic(ctx, in.c, in.p.From, false)
 	}
 	in.c.meta.Incoming = false
 	a.adopt(in.c)
@@ -632,7 +636,7 @@ func (in *incoming) finish(act migration.Action) {
 // takeTraffic points the overlay at this node for the service: the local
 // bridge entry, then every peer's FDB in parallel. It runs while the source
 // dumps; until the commit, the packets are held (netplane.Holder).
-func (a *Agent) takeTraffic(ctx context.Context, c *container, from string) migration.Switched {
+func (a *Agent) takeTraffic(ctx context.Context, c *container, from string, gatewaysFirst bool) migration.Switched {
 	t0 := time.Now()
 	mac, _ := net.ParseMAC(c.meta.MAC)
 	a.fdb.stamp(mac.String(), t0)
@@ -646,9 +650,17 @@ func (a *Agent) takeTraffic(ctx context.Context, c *container, from string) migr
 	// source are told before the state is taken; the other nodes (their
 	// services' traffic to this one) in the background, so that a node
 	// that stopped answering never lengthens the frozen window.
+	// gatewaysFirst (the source waits for its word before it takes the
+	// service's link down): the gateways, then the source.
 	critical := func(p Peer) bool { return p.Migrate == "" || p.Name == from }
-	if err := a.announceTo(ctx, a.endpoint(c), critical); err != nil {
-		a.log.Warn("announce migrated endpoint", "container", c.meta.Name, "err", err)
+	order := []func(Peer) bool{critical}
+	if gatewaysFirst {
+		order = []func(Peer) bool{func(p Peer) bool { return p.Migrate == "" }, func(p Peer) bool { return p.Name == from }}
+	}
+	for _, which := range order {
+		if err := a.announceTo(ctx, a.endpoint(c), which); err != nil {
+			a.log.Warn("announce migrated endpoint", "container", c.meta.Name, "err", err)
+		}
 	}
 	ep := a.endpoint(c)
 	a.wg.Add(1)

@@ -49,9 +49,17 @@
 // entering S's namespace (netplane.HoldNew) and waits, the service still
 // running, until no connection is in its handshake or an accept queue
 // (at most 250 ms); one queued at the freeze thaws the service until it
-// has accepted it. After the commit the held requests are dropped and
-// each client's SYN retransmission (1 s) reaches the service on B; after a
-// rollback they are let in on A.
+// has accepted it. At the commit A forwards the held requests to B
+// through the overlay (whole frames on its VXLAN device, with checksums
+// the kernel completed), where B holds them with the rest until the
+// restore; after a rollback they are let in on A. For a service that
+// accepted connections since the migration began (its namespace's
+// PassiveOpens counter) or whose requests are held, A takes S's link
+// down only once B says the gateways send it the traffic (told first,
+// then A; the freeze notice asks for that order): packets arriving in
+// between were lost, and a client whose connection request was among
+// them waited for its retransmission (1 s). A service that accepts none
+// does not wait.
 //
 // CRIU tars every tmpfs of the container on dump and untars it on restore
 // (3–5 ms each per side). The same configuration marks the masked

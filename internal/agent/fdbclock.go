@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -15,8 +16,9 @@ import (
 // does not override it. The zero value is ready; it is safe for
 // concurrent use, and callers hold Lock while they check and apply.
 type fdbClock struct {
-	mu   sync.Mutex
-	last map[string]time.Time // by MAC: when an announcement was last applied
+	mu      sync.Mutex
+	last    map[string]time.Time // by MAC: when an announcement was last applied
+	changed chan struct{}        // closed and replaced at every announcement
 }
 
 // Lock and Unlock bracket one check-and-apply.
@@ -31,6 +33,36 @@ func (c *fdbClock) announced(mac string, t time.Time) {
 	}
 	if t.After(c.last[mac]) {
 		c.last[mac] = t
+	}
+	if c.changed != nil {
+		close(c.changed)
+		c.changed = nil
+	}
+}
+
+// awaitSince waits until an announcement about mac is applied after
+// since, at most max; false if none was.
+func (c *fdbClock) awaitSince(ctx context.Context, mac string, since time.Time, max time.Duration) bool {
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	for {
+		c.Lock()
+		if c.superseded(mac, since) {
+			c.Unlock()
+			return true
+		}
+		if c.changed == nil {
+			c.changed = make(chan struct{})
+		}
+		ch := c.changed
+		c.Unlock()
+		select {
+		case <-ch:
+		case <-deadline.C:
+			return false
+		case <-ctx.Done():
+			return false
+		}
 	}
 }
 

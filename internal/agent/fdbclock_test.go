@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"testing"
 	"time"
 )
@@ -58,5 +59,35 @@ func TestEndpointsSkipHandedOver(t *testing.T) {
 	a.setHandedOver(a.containers["a"], false)
 	if got := names(); !got["a"] {
 		t.Fatalf("endpoints after the rollback: %v, want a back", got)
+	}
+}
+
+// awaitSince returns once an announcement about the MAC is applied after
+// the given time, and not for an older one or another MAC.
+func TestFDBClockAwaitSince(t *testing.T) {
+	var c fdbClock
+	mac := "02:00:0a:c8:01:02"
+	t0 := time.Now()
+	c.stamp(mac, t0.Add(-time.Second)) // before: does not count
+	if c.awaitSince(context.Background(), mac, t0, 20*time.Millisecond) {
+		t.Fatal("an announcement older than the handover counted")
+	}
+	done := make(chan bool, 1)
+	go func() { done <- c.awaitSince(context.Background(), mac, t0, 5*time.Second) }()
+	time.Sleep(10 * time.Millisecond)
+	c.stamp("02:00:0a:c8:01:03", time.Now()) // another MAC
+	select {
+	case <-done:
+		t.Fatal("another MAC's announcement counted")
+	case <-time.After(20 * time.Millisecond):
+	}
+	c.stamp(mac, time.Now())
+	select {
+	case ok := <-done:
+		if !ok {
+			t.Fatal("the announcement did not count")
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("not woken by the announcement")
 	}
 }

@@ -98,34 +98,35 @@ func (a *Agent) memoryRounds(ctx context.Context, conn *transfer.Conn, name stri
 // strategy has no live rounds. An abort from the source (it gave up
 // before freezing: the service still runs there) ends it with an error
 // and nothing to roll back.
-func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string) error {
+func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string) (migration.FreezeNotice, error) {
+	var fz migration.FreezeNotice
 	for {
 		typ, body, err := conn.ReadMsg(ctx)
 		m := peerMessage{typ, body, err}
 		switch {
 		case err != nil:
-			return fmt.Errorf("waiting for the freeze: %w", err)
+			return fz, fmt.Errorf("waiting for the freeze: %w", err)
 		case typ == migration.MsgFrozen:
-			return nil
+			return fz, m.as(migration.MsgFrozen, &fz)
 		case typ == migration.MsgAbort:
-			return fmt.Errorf("source gave up before freezing: %w", m.as(migration.MsgFrozen, nil))
+			return fz, fmt.Errorf("source gave up before freezing: %w", m.as(migration.MsgFrozen, nil))
 		case typ == migration.MsgLayer && store != nil:
 			if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
-				return fmt.Errorf("pre-copy of the writable layer: %w", err)
+				return fz, fmt.Errorf("pre-copy of the writable layer: %w", err)
 			}
 		case typ == migration.MsgRound && store != nil:
 			var rs migration.RoundStart
 			if err := m.as(migration.MsgRound, &rs); err != nil {
-				return err
+				return fz, err
 			}
 			if _, err := store.ReceiveRound(ctx, conn); err != nil {
-				return fmt.Errorf("pre-copy round %d: %w", rs.Round, err)
+				return fz, fmt.Errorf("pre-copy round %d: %w", rs.Round, err)
 			}
 			if err := conn.WriteMsg(ctx, migration.MsgStored, rs); err != nil {
-				return err
+				return fz, err
 			}
 		default:
-			return errors.New("protocol: got " + typ + " before the freeze")
+			return fz, errors.New("protocol: got " + typ + " before the freeze")
 		}
 	}
 }

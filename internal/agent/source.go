@@ -105,7 +105,7 @@ func (a *Agent) newOutgoing(name string, req migration.Request) (*outgoing, erro
 		return nil, err
 	}
 	id := journal.NewID()
-	return &outgoing{a: a, m: migration.NewSource(req.Strategy), req: req, c: c, peer: peer, dumpAs: dumpAs,
+	return &outgoing{a: a, m: migration.NewSource(req.Strategy), req: req, c: c, peer: peer, dumpAs: dumpAs, pid: st.Pid,
 		send: transfer.SendOptions{Compression: comp, LinkBitsPerSecond: max(req.LinkBps, 0)}, comp: comp,
 		rec: journal.Record{ID: id, Role: migration.RoleSource, Container: name, Peer: req.To, Strategy: req.Strategy,
 			ImageDir: filepath.Join(a.scratchDir(), name+"-out")}}, nil
@@ -146,6 +146,13 @@ type outgoing struct {
 	dumpAs *runc.IDs
 	// unit is the group migration this one is a member of (nil: alone).
 	unit *unit
+	// synHold holds the connection requests that arrive from just
+	// before the freeze (holdNewConnections).
+	synHold *netplane.Holder
+	// pid is the service's init process; opens its namespace's count of
+	// accepted connections when the migration was prepared.
+	pid   int
+	opens int64
 
 	tm        *migration.Timer
 	res       migration.Result
@@ -322,6 +329,7 @@ func (e *peerAbort) Error() string { return fmt.Sprintf("%s aborted: %s", e.node
 func (o *outgoing) prepare(ctx context.Context) error {
 	a, name := o.a, o.rec.Container
 	lazy, live := o.req.Strategy.Lazy(), o.req.Strategy.Live()
+	o.opens, _ = linux.PassiveOpens(o.pid)
 	// The dump writes about the service's memory to tmpfs: ready that
 	// much now, outside the frozen window (linux.Reserve says why).
 	o.rss = cgroupRSS(a.cgroupsPath(name))
@@ -431,14 +439,20 @@ func (o *outgoing) freeze() error {
 		_, _ = o.warm.Release(-1)
 		o.tm.Mark(migration.PhaseReserve)
 	}
+	// A service that accepts connections waits, frozen, for the network
+	// switch before its link goes down (below); one that does not is not
+	// made to.
+	opens, oerr := linux.PassiveOpens(o.pid)
+	accepting := (oerr == nil && opens > o.opens) || (o.synHold != nil && o.synHold.Held() > 0)
 	o.res.Started = time.Now().UTC()
 	o.tm.Freeze()
 	fctx, fcancel := context.WithTimeoutCause(context.WithoutCancel(a.runCtx), o.budget, errFrozenBudget)
 	o.fctx, o.fcancel = fctx, fcancel
 	o.cleanup = append(o.cleanup, fcancel)
 	// The destination takes the service's traffic now and holds it.
+	handover := time.Now()
 	a.setHandedOver(o.c, true)
-	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, struct{}{}); err != nil {
+	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting}); err != nil {
 		return fmt.Errorf("notify %s: %w", o.req.To, err)
 	}
 	// Freeze here, polling the cgroup closely (CRIU's own freezer waits
@@ -456,6 +470,18 @@ func (o *outgoing) freeze() error {
 	// The network lock (CRIU's is skipped, runc.SkipNetworkLock): the
 	// frozen sockets get no packets, and no reset leaves once the dumped
 	// tasks are gone. Every way back to this node brings it up again.
+	// For a service that accepts connections it waits for the
+	// destination's word that the gateways send it the service's traffic
+	// (told before this node, takeTraffic): until then packets still
+	// arrive here, and the frozen sockets' queues, which the dump takes,
+	// and the hold of new connections keep them. A link taken down at
+	// once loses them, and a client whose connection request was among
+	// them waits for its retransmission (1 s); an established
+	// connection's sender retransmits sooner, so a service that accepts
+	// none does not wait (its frozen window would be a few ms longer).
+	if mac, err := net.ParseMAC(o.c.meta.MAC); err == nil && accepting && !a.fdb.awaitSince(fctx, mac.String(), handover, switchWait) {
+		a.log.Warn("no word of the network switch from the destination; taking the link down", "container", name, "waited", switchWait)
+	}
 	if err := a.plane.SetHostLink(name, false); err != nil {
 		a.log.Warn("network lock before dump", "container", name, "err", err)
 	}
@@ -468,10 +494,10 @@ func (o *outgoing) freeze() error {
 // in their handshake complete and be accepted, so that the dump finds no
 // half-made connection: CRIU refuses to dump a listening socket with
 // connections in its accept queue, and one in its handshake would be
-// lost. The service keeps running meanwhile. Once the service lives on
-// the destination the held requests are dropped, and each client's SYN
-// retransmission reaches the service there (held until it is restored);
-// if it stays here they are let in.
+// lost. The service keeps running meanwhile. At the commit the held
+// requests are forwarded to the destination through the overlay (held
+// there until the service is restored, forwardHeldConnections); if the
+// service stays here they are let in.
 func (o *outgoing) holdNewConnections() {
 	a, name := o.a, o.rec.Container
 	ns := a.nsPath(name)
@@ -480,6 +506,7 @@ func (o *outgoing) holdNewConnections() {
 		a.log.Warn("hold new connections: a connection arriving at the freeze may fail the dump", "container", name, "err", err)
 		return
 	}
+	o.synHold = h
 	o.cleanup = append(o.cleanup, func() {
 		var err error
 		if o.res.OK {
@@ -503,6 +530,10 @@ func (o *outgoing) holdNewConnections() {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// switchWait bounds the wait for the destination's network switch before
+// the source takes the service's link down (it takes a few milliseconds).
+const switchWait = 100 * time.Millisecond
 
 // pendingWait bounds the wait for connections in their handshake or
 // accept queue before the freeze (a handshake takes a round trip to the
@@ -676,6 +707,32 @@ func (o *outgoing) commit() {
 	if err := o.conn.WriteMsg(ctx, migration.MsgCommit, struct{}{}); err != nil {
 		a.log.Warn("send commit; the destination reads it from our journal", "container", name, "err", err)
 	}
+	o.forwardHeldConnections()
+}
+
+// forwardHeldConnections sends the connection requests held here to the
+// service on the destination, which holds them until it is restored:
+// their clients are answered then, not after their SYN retransmission
+// (1 s). The originals are dropped when the hold ends. A request that
+// cannot be forwarded is retransmitted by its client.
+func (o *outgoing) forwardHeldConnections() {
+	if o.synHold == nil {
+		return
+	}
+	a := o.a
+	pkts := o.synHold.Kept()
+	if len(pkts) == 0 {
+		return
+	}
+	mac, err := net.ParseMAC(o.c.meta.MAC)
+	if err == nil {
+		err = a.plane.SendOverlay(mac, pkts)
+	}
+	if err != nil {
+		a.log.Warn("forward held connection requests; their clients retransmit", "container", o.rec.Container, "requests", len(pkts), "err", err)
+		return
+	}
+	o.res.ForwardedConnections = len(pkts)
 }
 
 // awaitOutcome waits until the destination serves the service (it

@@ -72,8 +72,10 @@ func (cc *churnClient) once(ctx context.Context, ns, addr string, i int) {
 // in a loop (connect, one request, its verified reply, close) while the
 // probe is migrated across three nodes with each strategy. A connection
 // that arrives while the service is frozen or moving waits, held at the
-// destination, and is served once the service is restored: no reset, no
-// timeout, no wrong answer. The latency such clients see is logged.
+// destination (a request that reached the source from just before the
+// freeze is forwarded there), and is served once the service is restored:
+// no reset, no timeout, no wrong answer. The latency such clients see is
+// logged.
 func TestNewConnectionsWaitDuringMigration(t *testing.T) {
 	e, st, c := probeTestbed(t)
 	ns, addr := linux.NetNSPath(st.Clients[0].NetNS), net.JoinHostPort(c.IP, "7000")
@@ -91,7 +93,7 @@ func TestNewConnectionsWaitDuringMigration(t *testing.T) {
 			}
 		}()
 	}
-	at := 0
+	at, forwarded := 0, 0
 	for _, strategy := range []string{"stop-and-copy", "pre-copy", "post-copy", "hybrid"} {
 		for k := 0; k < 2; k++ {
 			to := st.Nodes[(at+1)%3].Name
@@ -103,6 +105,7 @@ func TestNewConnectionsWaitDuringMigration(t *testing.T) {
 			if !res.OK {
 				t.Fatalf("%s to %s: %+v", strategy, to, res)
 			}
+			forwarded += res.ForwardedConnections
 			at++
 			// Connections go on being served on the new node.
 			deadline := time.Now().Add(20 * time.Second)
@@ -118,7 +121,7 @@ func TestNewConnectionsWaitDuringMigration(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			t.Logf("%s -> %s: downtime %.1f ms", strategy, to, res.DowntimeMs)
+			t.Logf("%s -> %s: downtime %.1f ms, %d connection requests forwarded", strategy, to, res.DowntimeMs, res.ForwardedConnections)
 		}
 	}
 	cancel()
@@ -127,6 +130,10 @@ func TestNewConnectionsWaitDuringMigration(t *testing.T) {
 	p := func(q float64) time.Duration { return cc.times[int(q*float64(len(cc.times)-1))] }
 	t.Logf("%d connections served, %d failed; connect-to-reply p50 %v, p99 %v, slowest %v",
 		cc.ok, len(cc.errs), p(0.5), p(0.99), cc.slowest)
+	if forwarded == 0 {
+		t.Errorf("no connection request arriving around a freeze was held and forwarded in 8 migrations")
+	}
+	t.Logf("%d connection requests held at a source and forwarded", forwarded)
 	if len(cc.errs) > 0 {
 		t.Errorf("%d new connections failed during migrations, e.g. %v", len(cc.errs), cc.errs[:min(len(cc.errs), 10)])
 	}

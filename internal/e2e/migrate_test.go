@@ -42,6 +42,10 @@ type migResult struct {
 	TotalMs     float64            `json:"total_ms"`
 	PhasesMs    map[string]float64 `json:"phases_ms"`
 	BytesOnWire int64              `json:"bytes_on_wire"`
+	// ForwardedConnections: connection requests held by the source and
+	// forwarded to the destination.
+	ForwardedConnections int       `json:"forwarded_connections"`
+	Started              time.Time `json:"started"`
 }
 
 // liveClient keeps one probe connection busy (a request every period) and
@@ -86,7 +90,9 @@ func runLiveClient(ctx context.Context, wg *sync.WaitGroup, ns, addr string, per
 			sent = append(sent, line...)
 			smu.Unlock()
 			if _, err := conn.Write(line); err != nil {
-				lc.fail(fmt.Errorf("write: %w", err))
+				if ctx.Err() == nil { // not the reader closing it at the end
+					lc.fail(fmt.Errorf("write: %w", err))
+				}
 				return
 			}
 		}

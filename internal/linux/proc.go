@@ -56,3 +56,34 @@ func IsTerminal(f *os.File) bool {
 	_, err := unix.IoctlGetTermios(int(f.Fd()), unix.TCGETS)
 	return err == nil
 }
+
+// PassiveOpens is the count of TCP connections the network namespace of
+// process pid has accepted (the Tcp PassiveOpens counter of its
+// /proc/PID/net/snmp).
+func PassiveOpens(pid int) (int64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/snmp", pid))
+	if err != nil {
+		return 0, err
+	}
+	return snmpField(string(b), "Tcp", "PassiveOpens")
+}
+
+// snmpField reads one counter of /proc/net/snmp's "Proto: names" and
+// "Proto: values" line pairs.
+func snmpField(text, proto, field string) (int64, error) {
+	lines := strings.Split(text, "\n")
+	for i := 0; i+1 < len(lines); i++ {
+		names, ok1 := strings.CutPrefix(lines[i], proto+":")
+		values, ok2 := strings.CutPrefix(lines[i+1], proto+":")
+		if !ok1 || !ok2 {
+			continue
+		}
+		n, v := strings.Fields(names), strings.Fields(values)
+		for k := range n {
+			if n[k] == field && k < len(v) {
+				return strconv.ParseInt(v[k], 10, 64)
+			}
+		}
+	}
+	return 0, fmt.Errorf("no %s %s in snmp counters", proto, field)
+}

@@ -150,8 +150,11 @@ type Result struct {
 	PhasesMs     map[string]float64 `json:"phases_ms"`
 	BytesOnWire  int64              `json:"bytes_on_wire"`
 	HeldPackets  int                `json:"held_packets"` // client packets held during the downtime and delivered after restore
-	StateBytes   int64              `json:"state_bytes"`  // payload: images + writable layer
-	Compressed   bool               `json:"compressed"`
+	// ForwardedConnections counts the connection requests the source held
+	// from just before the freeze and forwarded to the destination.
+	ForwardedConnections int   `json:"forwarded_connections,omitempty"`
+	StateBytes           int64 `json:"state_bytes"` // payload: images + writable layer
+	Compressed           bool  `json:"compressed"`
 	// CompressionNote says why auto compression was on or off.
 	CompressionNote string             `json:"compression_note,omitempty"`
 	CRIU            map[string]float64 `json:"criu,omitempty"`
@@ -226,7 +229,7 @@ const (
 	MsgLayer    = "layer"    // S→D {}: pre-copy: the writable layer follows, service running
 	MsgRound    = "round"    // S→D RoundStart: pre-copy: a live round's stream follows
 	MsgStored   = "stored"   // D→S RoundStart: the round is in the destination's store
-	MsgFrozen   = "frozen"   // S→D {}: the source freezes now; D takes the traffic and holds it
+	MsgFrozen   = "frozen"   // S→D FreezeNotice: the source freezes now; D takes the traffic and holds it
 	MsgCommit   = "commit"   // S→D {}, right behind the state: S journaled the commit; D serves once restored
 	MsgSwitched = "switched" // D→S Switched: D committed and delivered the held packets
 	// MsgAbort goes either way: the sender gives up. From D after the
@@ -263,6 +266,13 @@ type Prepare struct {
 	// through an authenticated tunnel opened with PageToken.
 	PageServer string `json:"page_server,omitempty"`
 	PageToken  string `json:"page_token,omitempty"`
+}
+
+// FreezeNotice announces the freeze. Accepting: the service accepts new
+// connections, and its source takes its link down only once it hears of
+// the network switch, so the destination tells the gateways first.
+type FreezeNotice struct {
+	Accepting bool `json:"accepting,omitempty"`
 }
 
 // Process is what a service's image says of its process beyond its

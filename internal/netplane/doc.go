@@ -8,7 +8,8 @@
 // Hold, at the destination, every packet until the restore; HoldNew, at
 // the source, connection requests from just before the freeze, so the
 // dump finds no half-made connection (Pending counts those in their
-// handshake or in an accept queue, through sock_diag).
+// handshake or in an accept queue, through sock_diag); SendOverlay
+// forwards those requests to the service's new node.
 //
 // A Plane acts on one network namespace through a netlink handle. It must
 // not know about containers' lifecycles, images or the testbed.

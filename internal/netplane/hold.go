@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"syscall"
@@ -33,12 +34,20 @@ const (
 type Holder struct {
 	ns     string
 	rules  []string
+	keep   bool // keep each held packet's bytes and the sender's MAC (HoldNew)
 	nf     *nfqueue.Nfqueue
 	cancel context.CancelFunc
 
-	mu   sync.Mutex // guards ids and done
+	mu   sync.Mutex // guards ids, kept and done
 	ids  []uint32   // held packets in arrival order
+	kept []Packet   // with keep: their contents
 	done bool
+}
+
+// Packet is a held IPv4 packet and the MAC of the host that sent it.
+type Packet struct {
+	From net.HardwareAddr
+	IP   []byte
 }
 
 // Hold starts holding packets that enter the namespace at nsPath on eth0,
@@ -46,7 +55,7 @@ type Holder struct {
 // PREROUTING and OUTPUT, before CRIU's lock chain in filter INPUT, so held
 // packets meet the chain only if released while it is still there.
 func Hold(nsPath string) (*Holder, error) {
-	return hold(nsPath, holdQueue, holdRules)
+	return hold(nsPath, holdQueue, holdRules, false)
 }
 
 // HoldNew starts holding the connection requests (TCP SYNs) that enter
@@ -57,23 +66,31 @@ func Hold(nsPath string) (*Holder, error) {
 // here); Drop discards them once the service lives elsewhere, and each
 // client's SYN retransmission reaches it there.
 func HoldNew(nsPath string) (*Holder, error) {
-	return hold(nsPath, synQueue, synRules)
+	return hold(nsPath, synQueue, synRules, true)
 }
 
-func hold(nsPath string, queue uint16, rules []string) (*Holder, error) {
+func hold(nsPath string, queue uint16, rules []string, keep bool) (*Holder, error) {
 	ns, err := linux.OpenNetNS(nsPath)
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Close()
-	h := &Holder{ns: nsPath, rules: rules}
+	h := &Holder{ns: nsPath, rules: rules, keep: keep}
+	copyMode, flags := uint8(nfqueue.NfQnlCopyMeta), uint32(nfqueue.NfQaCfgFlagGSO)
+	if keep {
+		// Whole packets, with their checksums completed by the kernel
+		// (with the GSO flag, a packet from a veth comes with its TCP
+		// checksum left to offload, and forwarded so it is dropped).
+		copyMode, flags = nfqueue.NfQnlCopyPacket, 0
+	}
 	cfg := &nfqueue.Config{
-		NfQueue:     queue,
-		MaxQueueLen: 65536,
-		Copymode:    nfqueue.NfQnlCopyMeta,
-		Flags:       nfqueue.NfQaCfgFlagGSO,
-		AfFamily:    syscall.AF_INET,
-		NetNS:       int(ns),
+		NfQueue:      queue,
+		MaxQueueLen:  65536,
+		Copymode:     copyMode,
+		MaxPacketLen: 0xffff,
+		Flags:        flags,
+		AfFamily:     syscall.AF_INET,
+		NetNS:        int(ns),
 	}
 	if h.nf, err = nfqueue.Open(cfg); err != nil {
 		return nil, fmt.Errorf("hold: open nfqueue: %w", err)
@@ -91,6 +108,9 @@ func hold(nsPath string, queue uint16, rules []string) (*Holder, error) {
 			return 0
 		}
 		h.ids = append(h.ids, *a.PacketID)
+		if h.keep && a.Payload != nil && a.HwAddr != nil && len(*a.HwAddr) == 6 {
+			h.kept = append(h.kept, Packet{From: append(net.HardwareAddr(nil), *a.HwAddr...), IP: append([]byte(nil), *a.Payload...)})
+		}
 		return 0
 	}, func(err error) int {
 		if ctx.Err() != nil {
@@ -202,7 +222,14 @@ func (h *Holder) Close() error {
 	return errors.Join(errs...)
 }
 
-// Drop discards the held packets (the migration failed) and stops.
+// Kept returns the held packets' contents (HoldNew's holders keep them).
+func (h *Holder) Kept() []Packet {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Packet(nil), h.kept...)
+}
+
+// Drop discards the held packets and stops.
 func (h *Holder) Drop() error {
 	h.mu.Lock()
 	h.done = true

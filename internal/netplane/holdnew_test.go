@@ -76,6 +76,15 @@ func TestHoldNewAndPending(t *testing.T) {
 		if hs, q := pending(); hs != 0 || q < 1 {
 			t.Fatalf("%s: while held, pending %d handshaking, %d queued", release, hs, q)
 		}
+		// The held request is kept whole, with its sender's MAC, to be
+		// forwarded.
+		kept := h.Kept()
+		if len(kept) == 0 || len(kept[0].From) != 6 || len(kept[0].IP) < 40 || kept[0].IP[0]>>4 != 4 || kept[0].IP[9] != 6 || kept[0].IP[33]&0x12 != 0x02 {
+			t.Fatalf("%s: kept %+v, want the client's TCP SYN", release, kept)
+		}
+		if !tcpChecksumOK(kept[0].IP) {
+			t.Fatalf("%s: the kept SYN's TCP checksum is not complete: forwarded, it would be dropped", release)
+		}
 		if release == "close" {
 			if err := h.Close(); err != nil {
 				t.Fatal(err)
@@ -101,4 +110,30 @@ func synHolding(ns string) bool {
 	_, spec, _ := strings.Cut(synRules[0], " ")
 	args := append([]string{"-w", "-t", "mangle", "-C", "PREROUTING"}, strings.Fields(spec)...)
 	return linux.Command(ns, "iptables", args...).Run() == nil
+}
+
+// tcpChecksumOK verifies an IPv4 TCP packet's checksum.
+func tcpChecksumOK(ip []byte) bool {
+	ihl := int(ip[0]&0x0f) * 4
+	total := int(ip[2])<<8 | int(ip[3])
+	if total > len(ip) || ihl < 20 || total < ihl+20 {
+		return false
+	}
+	seg := ip[ihl:total]
+	var sum uint32
+	add := func(b []byte) {
+		for i := 0; i+1 < len(b); i += 2 {
+			sum += uint32(b[i])<<8 | uint32(b[i+1])
+		}
+		if len(b)%2 == 1 {
+			sum += uint32(b[len(b)-1]) << 8
+		}
+	}
+	add(ip[12:20]) // source and destination addresses
+	sum += 6 + uint32(len(seg))
+	add(seg)
+	for sum>>16 != 0 {
+		sum = sum&0xffff + sum>>16
+	}
+	return sum == 0xffff
 }

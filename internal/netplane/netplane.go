@@ -34,6 +34,7 @@ type Config struct {
 // same container.
 type Plane struct {
 	h   *netlink.Handle
+	ns  string // the namespace's path ("": the caller's)
 	cfg Config
 }
 
@@ -50,7 +51,7 @@ func Open(nsPath string, cfg Config) (*Plane, error) {
 	if err != nil {
 		return nil, fmt.Errorf("netlink: %w", err)
 	}
-	return &Plane{h: h, cfg: cfg}, nil
+	return &Plane{h: h, ns: nsPath, cfg: cfg}, nil
 }
 
 // Close releases the netlink handle.
