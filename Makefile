@@ -34,7 +34,7 @@ vet:
 # Unit tests and privileged integration tests (real namespaces, runc, CRIU),
 # then every fuzz target briefly, then the race detector.
 test: build setup images vet
-	EDGEHOP_BIN=$(CURDIR)/$(BIN)/edgehop $(GO) test -count=1 -p 2 -timeout 40m ./...
+	EDGEHOP_BIN=$(CURDIR)/$(BIN)/edgehop $(GO) test -count=1 -p 2 -timeout 60m ./...
 	@$(MAKE) --no-print-directory fuzz race
 
 # Each fuzz target (go test -list Fuzz ./...) runs FUZZTIME on top of its
