@@ -18,7 +18,7 @@ import (
 type fdbClock struct {
 	mu      sync.Mutex
 	last    map[string]time.Time // by MAC: when an announcement was last applied
-	changed chan struct{}        // closed and replaced at every announcement
+	changed notifier             // woken at every announcement
 }
 
 // Lock and Unlock bracket one check-and-apply.
@@ -34,10 +34,7 @@ func (c *fdbClock) announced(mac string, t time.Time) {
 	if t.After(c.last[mac]) {
 		c.last[mac] = t
 	}
-	if c.changed != nil {
-		close(c.changed)
-		c.changed = nil
-	}
+	c.changed.notify()
 }
 
 // awaitSince waits until an announcement about mac is applied after
@@ -51,10 +48,7 @@ func (c *fdbClock) awaitSince(ctx context.Context, mac string, since time.Time, 
 			c.Unlock()
 			return true
 		}
-		if c.changed == nil {
-			c.changed = make(chan struct{})
-		}
-		ch := c.changed
+		ch := c.changed.wait()
 		c.Unlock()
 		select {
 		case <-ch:

@@ -26,7 +26,7 @@ type unit struct {
 	arrived map[stage]int // members that reached each stage
 	bytes   int64         // the members' state, as each reported it at the freeze
 	failed  error
-	changed chan struct{} // closed and replaced at every change
+	changed notifier
 }
 
 // stage is a barrier of a unit's migration.
@@ -38,12 +38,7 @@ const (
 )
 
 func newUnit(group string, members []string) *unit {
-	return &unit{id: journal.NewID(), group: group, members: members, arrived: map[stage]int{}, changed: make(chan struct{})}
-}
-
-func (u *unit) broadcastLocked() {
-	close(u.changed)
-	u.changed = make(chan struct{})
+	return &unit{id: journal.NewID(), group: group, members: members, arrived: map[stage]int{}}
 }
 
 // arrive records that a member reached s (with its state's size at the
@@ -53,7 +48,7 @@ func (u *unit) arrive(ctx context.Context, s stage, bytes int64) error {
 	u.mu.Lock()
 	u.arrived[s]++
 	u.bytes += bytes
-	u.broadcastLocked()
+	u.changed.notify()
 	for {
 		if u.failed != nil {
 			err := u.failed
@@ -64,7 +59,7 @@ func (u *unit) arrive(ctx context.Context, s stage, bytes int64) error {
 			u.mu.Unlock()
 			return nil
 		}
-		ch := u.changed
+		ch := u.changed.wait()
 		u.mu.Unlock()
 		select {
 		case <-ch:
@@ -83,7 +78,7 @@ func (u *unit) fail(member string, err error) {
 	defer u.mu.Unlock()
 	if u.failed == nil {
 		u.failed = fmt.Errorf("%s failed: %w", member, err)
-		u.broadcastLocked()
+		u.changed.notify()
 	}
 }
 
@@ -146,7 +141,7 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 type restoredSet struct {
 	mu      sync.Mutex
 	units   map[string]map[string]time.Time // unit -> member -> when restored
-	changed chan struct{}
+	changed notifier
 }
 
 func (r *restoredSet) mark(unitID, member string) {
@@ -167,10 +162,7 @@ func (r *restoredSet) mark(unitID, member string) {
 		r.units[unitID] = map[string]time.Time{}
 	}
 	r.units[unitID][member] = time.Now()
-	if r.changed != nil {
-		close(r.changed)
-	}
-	r.changed = make(chan struct{})
+	r.changed.notify()
 }
 
 // await waits until every dependency of a member that is part of the
@@ -186,10 +178,7 @@ func (r *restoredSet) await(ctx context.Context, unitID string, members, deps []
 				missing = append(missing, d)
 			}
 		}
-		if r.changed == nil {
-			r.changed = make(chan struct{})
-		}
-		ch := r.changed
+		ch := r.changed.wait()
 		r.mu.Unlock()
 		if len(missing) == 0 {
 			return nil
