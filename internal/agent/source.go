@@ -518,16 +518,8 @@ func (o *outgoing) holdNewConnections() {
 			a.log.Warn("let held connection requests in", "container", name, "err", err)
 		}
 	})
-	deadline := time.Now().Add(pendingWait)
-	for {
-		hs, q, err := netplane.Pending(ns)
-		if err != nil || hs+q == 0 || time.Now().After(deadline) {
-			if err == nil && hs+q > 0 {
-				a.log.Info("connections still pending at the freeze", "container", name, "handshaking", hs, "queued", q)
-			}
-			return
-		}
-		time.Sleep(time.Millisecond)
+	if hs, q, err := netplane.WaitSettled(ns, pendingWait, true); err == nil && hs+q > 0 {
+		a.log.Info("connections still pending at the freeze", "container", name, "handshaking", hs, "queued", q)
 	}
 }
 
@@ -557,13 +549,7 @@ func (o *outgoing) acceptQueued(ctx context.Context) {
 			a.log.Warn("thaw for queued connections", "container", name, "err", err)
 			return
 		}
-		deadline := time.Now().Add(100 * time.Millisecond)
-		for time.Now().Before(deadline) {
-			if _, q, err = netplane.Pending(ns); err != nil || q == 0 {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+		_, _, _ = netplane.WaitSettled(ns, 100*time.Millisecond, false)
 		if _, err := linux.FreezeCgroupSeizable(ctx, a.cgroupsPath(name), 20); err != nil {
 			o.paused = false
 			a.log.Warn("freeze again after accepting; CRIU freezes instead", "container", name, "err", err)

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	"github.com/edgehop/edgehop/internal/linux"
 	nfqueue "github.com/florianl/go-nfqueue/v2"
@@ -63,8 +64,8 @@ func Hold(nsPath string) (*Holder, error) {
 // takes no new connection it could not dump (CRIU refuses a listening
 // socket with connections waiting in its accept queue, and one still
 // in its handshake would be lost). Close lets them in (the service stays
-// here); Drop discards them once the service lives elsewhere, and each
-// client's SYN retransmission reaches it there.
+// here); once the service lives elsewhere, Kept gives them to forward
+// there (Plane.SendOverlay) and Drop discards the originals.
 func HoldNew(nsPath string) (*Holder, error) {
 	return hold(nsPath, synQueue, synRules, true)
 }
@@ -247,18 +248,55 @@ func (h *Holder) Drop() error {
 // checkpoint could not take: those still in their handshake (SYN_RECV)
 // and those waiting in a listening socket's accept queue.
 func Pending(nsPath string) (handshaking, queued int, err error) {
-	ns, err := linux.OpenNetNS(nsPath)
+	h, err := diagHandle(nsPath)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer ns.Close()
-	// The handle must own an INET_DIAG socket of its own: for a family
-	// it was not made with, it asks in the caller's namespace.
-	h, err := netlink.NewHandleAt(ns, syscall.NETLINK_INET_DIAG)
+	defer h.Close()
+	return pending(h, nsPath)
+}
+
+// WaitSettled polls Pending every millisecond, through one netlink
+// socket, until nothing is pending (counting the connections in their
+// handshake only with handshakes) or max has passed; it returns the last
+// counts.
+func WaitSettled(nsPath string, max time.Duration, handshakes bool) (handshaking, queued int, err error) {
+	h, err := diagHandle(nsPath)
 	if err != nil {
-		return 0, 0, fmt.Errorf("netlink in %s: %w", nsPath, err)
+		return 0, 0, err
 	}
 	defer h.Close()
+	deadline := time.Now().Add(max)
+	for {
+		handshaking, queued, err = pending(h, nsPath)
+		left := queued
+		if handshakes {
+			left += handshaking
+		}
+		if err != nil || left == 0 || !time.Now().Before(deadline) {
+			return handshaking, queued, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// diagHandle is a netlink handle in the namespace at nsPath that owns an
+// INET_DIAG socket of its own: for a family it was not made with, a
+// handle asks in the caller's namespace.
+func diagHandle(nsPath string) (*netlink.Handle, error) {
+	ns, err := linux.OpenNetNS(nsPath)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns, syscall.NETLINK_INET_DIAG)
+	if err != nil {
+		return nil, fmt.Errorf("netlink in %s: %w", nsPath, err)
+	}
+	return h, nil
+}
+
+func pending(h *netlink.Handle, nsPath string) (handshaking, queued int, err error) {
 	for _, family := range []uint8{syscall.AF_INET, syscall.AF_INET6} {
 		socks, err := h.SocketDiagTCP(family)
 		if err != nil {

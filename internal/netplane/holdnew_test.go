@@ -137,3 +137,33 @@ func tcpChecksumOK(ip []byte) bool {
 	}
 	return sum == 0xffff
 }
+
+// WaitSettled returns at once when nothing is pending, and waits out its
+// bound for a connection nobody accepts (counted as queued).
+func TestWaitSettled(t *testing.T) {
+	p := newHoldPair(t)
+	if hs, q, err := WaitSettled(p.svcNS, time.Second, true); err != nil || hs+q != 0 {
+		t.Fatalf("nothing pending: %d, %d, %v", hs, q, err)
+	}
+	var ln net.Listener
+	if err := linux.InNetNS(p.svcNS, func() (err error) {
+		ln, err = net.Listen("tcp4", "10.232.0.2:0")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if err := linux.InNetNS(p.cliNS, func() error {
+		c, err := net.DialTimeout("tcp4", ln.Addr().String(), 5*time.Second)
+		if err == nil {
+			t.Cleanup(func() { c.Close() })
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if _, q, err := WaitSettled(p.svcNS, 50*time.Millisecond, false); err != nil || q != 1 || time.Since(start) < 50*time.Millisecond {
+		t.Fatalf("an unaccepted connection: queued %d, %v after %v; want 1 after the whole bound", q, err, time.Since(start))
+	}
+}
