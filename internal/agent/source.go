@@ -66,20 +66,18 @@ func checkRequest(node string, req migration.Request) error {
 	if req.MaxFrozenMs < 0 {
 		return fmt.Errorf("%w: max frozen %d ms < 0", ErrInvalid, req.MaxFrozenMs)
 	}
-	if req.Compression != "" {
-		if _, err := transfer.ParseCompression(req.Compression); err != nil {
-			return fmt.Errorf("%w: %v", ErrInvalid, err)
-		}
-	}
 	return nil
 }
 
-// newOutgoing claims container name for a migration by req (checked)
-// and readies its driver; runOutgoing starts it.
+// newOutgoing claims container name for a migration by req (checked by
+// checkRequest) and readies its driver; runOutgoing starts it.
 func (a *Agent) newOutgoing(name string, req migration.Request) (*outgoing, error) {
 	comp := transfer.CompressAuto
 	if req.Compression != "" {
-		comp, _ = transfer.ParseCompression(req.Compression)
+		var err error
+		if comp, err = transfer.ParseCompression(req.Compression); err != nil {
+			return nil, fmt.Errorf("%w: %v", ErrInvalid, err)
+		}
 	}
 	peer, err := a.peer(req.To)
 	if err != nil {
@@ -261,7 +259,7 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 	case migration.ActFreeze:
 		if o.unit != nil {
 			// The unit's members freeze together.
-			if err := o.unit.arrive(ctx, stageFreeze, o.rss+layerBytes(filepath.Join(o.a.dir(o.rec.Container), "upper"))); err != nil {
+			if err := o.unit.arrive(ctx, stageFreeze, o.stateBytes()); err != nil {
 				return migration.Event{Kind: migration.EvCancel, Err: err}
 			}
 		}
@@ -420,7 +418,7 @@ func (o *outgoing) freeze() error {
 	case o.unit != nil:
 		o.budget = o.unit.budget(o.req.LinkBps)
 	default:
-		o.budget = migration.FrozenBudget(o.rss+layerBytes(filepath.Join(a.dir(name), "upper")), o.req.LinkBps)
+		o.budget = migration.FrozenBudget(o.stateBytes(), o.req.LinkBps)
 	}
 	if o.proxyL != nil {
 		pctx, pcancel := context.WithCancel(a.runCtx)
@@ -487,6 +485,12 @@ func (o *outgoing) freeze() error {
 	}
 	o.acceptQueued(fctx)
 	return nil
+}
+
+// stateBytes estimates what the frozen window moves: the service's
+// memory and its writable layer.
+func (o *outgoing) stateBytes() int64 {
+	return o.rss + layerBytes(filepath.Join(o.a.dir(o.rec.Container), "upper"))
 }
 
 // holdNewConnections makes connection requests wait from here on (held
