@@ -305,25 +305,12 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if len(args) == 0 {
 		return api.Container{}, fmt.Errorf("%w: image %q has no entrypoint or command; give one after '--'", ErrInvalid, r.Image)
 	}
-	if icfg.StopSignal != "" {
-		if _, err := linux.ParseSignal(icfg.StopSignal); err != nil {
-			return api.Container{}, fmt.Errorf("%w: image %q: stop signal: %v", ErrInvalid, r.Image, err)
-		}
-	}
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
 		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
 		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes,
 			Group: r.Group, After: r.After}}
-	if err := checkGroup(m.Name, m.Group, m.After); err != nil {
-		return api.Container{}, fmt.Errorf("%w: %v", ErrInvalid, err)
-	}
-	if len(m.Volumes) > migration.MaxVolumes {
-		return api.Container{}, fmt.Errorf("%w: image %q declares %d volumes (at most %d)", ErrInvalid, r.Image, len(m.Volumes), migration.MaxVolumes)
-	}
-	for _, v := range m.Volumes {
-		if err := migration.ValidVolume(v); err != nil {
-			return api.Container{}, fmt.Errorf("%w: image %q: %v", ErrInvalid, r.Image, err)
-		}
+	if err := checkProcess(m.Name, m.Process); err != nil {
+		return api.Container{}, fmt.Errorf("%w: image %q or request: %v", ErrInvalid, r.Image, err)
 	}
 
 	defer func() {

@@ -95,7 +95,7 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 	if len(p.User) > 256 || len(p.Groups) > maxGroups || len(p.Ports) > maxPorts {
 		return bad("user of %d bytes, %d groups, %d ports (at most 256, %d, %d)", len(p.User), len(p.Groups), len(p.Ports), maxGroups, maxPorts)
 	}
-	if err := checkGroup(p.Name, p.Group, p.After); err != nil {
+	if err := checkProcess(p.Name, p.Process); err != nil {
 		return bad("%v", err)
 	}
 	if p.Unit != "" || len(p.Members) > 0 {
@@ -108,22 +108,9 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 			}
 		}
 	}
-	if len(p.Volumes) > migration.MaxVolumes {
-		return bad("%d volumes (at most %d)", len(p.Volumes), migration.MaxVolumes)
-	}
-	for _, v := range p.Volumes {
-		if err := migration.ValidVolume(v); err != nil {
-			return bad("%v", err)
-		}
-	}
 	for i, s := range p.Ports {
 		if !portRE.MatchString(s) {
 			return bad("port %d %q: want PORT/tcp, PORT/udp or PORT", i, s)
-		}
-	}
-	if p.StopSignal != "" {
-		if _, err := linux.ParseSignal(p.StopSignal); err != nil {
-			return bad("stop signal: %v", err)
 		}
 	}
 	if p.MemoryBytes < 0 || p.MemoryBytes > maxStateSize {
@@ -139,6 +126,29 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 		}
 	} else if p.PageServer != "" || p.PageToken != "" {
 		return bad("a page server for strategy %s", p.Strategy)
+	}
+	return nil
+}
+
+// checkProcess checks what a container's image and request say of its
+// process, as its node creates it and as a destination receives it: its
+// group, its volumes and its stop signal.
+func checkProcess(name string, p migration.Process) error {
+	if err := checkGroup(name, p.Group, p.After); err != nil {
+		return err
+	}
+	if len(p.Volumes) > migration.MaxVolumes {
+		return fmt.Errorf("%d volumes (at most %d)", len(p.Volumes), migration.MaxVolumes)
+	}
+	for _, v := range p.Volumes {
+		if err := migration.ValidVolume(v); err != nil {
+			return err
+		}
+	}
+	if p.StopSignal != "" {
+		if _, err := linux.ParseSignal(p.StopSignal); err != nil {
+			return fmt.Errorf("stop signal: %v", err)
+		}
 	}
 	return nil
 }
