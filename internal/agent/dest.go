@@ -652,10 +652,12 @@ func (a *Agent) takeTraffic(ctx context.Context, c *container, from string, gate
 	// that stopped answering never lengthens the frozen window.
 	// gatewaysFirst (the source waits for its word before it takes the
 	// service's link down): the gateways, then the source.
-	critical := func(p Peer) bool { return p.Migrate == "" || p.Name == from }
+	gateway := func(p Peer) bool { return p.Migrate == "" }
+	source := func(p Peer) bool { return p.Name == from }
+	critical := func(p Peer) bool { return gateway(p) || source(p) }
 	order := []func(Peer) bool{critical}
 	if gatewaysFirst {
-		order = []func(Peer) bool{func(p Peer) bool { return p.Migrate == "" }, func(p Peer) bool { return p.Name == from }}
+		order = []func(Peer) bool{gateway, source}
 	}
 	for _, which := range order {
 		if err := a.announceTo(ctx, a.endpoint(c), which); err != nil {

@@ -76,8 +76,8 @@ const (
 func (c Config) trace() (mobility.Trace, float64) {
 	start := topo.Point{X: 0}
 	if c.Walk != WalkBorder {
-		end := topo.Point{X: float64(c.Nodes) * c.Width}
-		return mobility.Walk(start, end, c.Speed), topo.Dist(start, end)
+		t := mobility.Walk(start, topo.Point{X: float64(c.Nodes) * c.Width}, c.Speed)
+		return t, t.Length()
 	}
 	// From the first node's side of its region to the border, then
 	// across and back BorderLegs times.
@@ -92,12 +92,7 @@ func (c Config) trace() (mobility.Trace, float64) {
 		}
 		t.Waypoints = append(t.Waypoints, mobility.Waypoint{Pos: topo.Point{X: x}, Speed: c.Speed})
 	}
-	length, p := 0.0, t.Start
-	for _, w := range t.Waypoints {
-		length += topo.Dist(p, w.Pos)
-		p = w.Pos
-	}
-	return t, length
+	return t, t.Length()
 }
 
 // Validate checks the configuration.

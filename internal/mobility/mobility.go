@@ -49,6 +49,17 @@ func (t Trace) Duration() time.Duration {
 	return d
 }
 
+// Length is how far the whole trace walks, in metres.
+func (t Trace) Length() float64 {
+	var l float64
+	p := t.Start
+	for _, w := range t.Waypoints {
+		l += topo.Dist(p, w.Pos)
+		p = w.Pos
+	}
+	return l
+}
+
 func legTime(from topo.Point, w Waypoint) time.Duration {
 	return time.Duration(topo.Dist(from, w.Pos) / w.Speed * float64(time.Second))
 }

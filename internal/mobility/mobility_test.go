@@ -52,3 +52,13 @@ func TestRandomWaypoint(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestTraceLength(t *testing.T) {
+	tr := Trace{Start: topo.Point{X: 0}, Waypoints: []Waypoint{{Pos: topo.Point{X: 3, Y: 4}, Speed: 1}, {Pos: topo.Point{X: 3, Y: 10}, Speed: 2}}}
+	if l := tr.Length(); l != 11 {
+		t.Errorf("length %v, want 11", l)
+	}
+	if l := (Trace{}).Length(); l != 0 {
+		t.Errorf("empty trace: %v", l)
+	}
+}
