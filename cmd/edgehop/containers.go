@@ -32,18 +32,23 @@ func agents(st *testbed.State) map[string]*api.Client {
 	return out
 }
 
-// findContainer returns the node hosting name, asking every agent.
-func findContainer(ctx context.Context, st *testbed.State, name string) (string, api.Container, error) {
+// findTarget finds name among every node's containers, asking every
+// agent once: a container or else the members of the group so named
+// (only when every agent answered: a group is not acted on in part).
+func findTarget(ctx context.Context, st *testbed.State, name string) (api.Container, []api.Container, error) {
 	all, err := listAll(ctx, st)
 	for _, c := range all {
 		if c.Name == name {
-			return c.Node, c, nil
+			return c, nil, nil
 		}
 	}
-	if err != nil {
-		return "", api.Container{}, fmt.Errorf("container %q not found on the reachable nodes: %w", name, err)
+	if members := membersOf(all, name); err == nil && len(members) > 0 {
+		return api.Container{}, members, nil
 	}
-	return "", api.Container{}, fmt.Errorf("no container %q on any node of testbed %s (see 'edgehop ps')", name, st.Name)
+	if err != nil {
+		return api.Container{}, nil, fmt.Errorf("container %q not found on the reachable nodes: %w", name, err)
+	}
+	return api.Container{}, nil, fmt.Errorf("no container %q on any node of testbed %s (see 'edgehop ps')", name, st.Name)
 }
 
 // listAll lists containers of every node; an unreachable agent is an error.
@@ -205,12 +210,11 @@ func runLogs(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	node, _, err := findContainer(ctx, st, fs.Arg(0))
+	c, members, err := findTarget(ctx, st, fs.Arg(0))
 	if err != nil {
-		members, gerr := groupMembers(ctx, st, fs.Arg(0))
-		if gerr != nil || len(members) == 0 {
-			return err
-		}
+		return err
+	}
+	if members != nil {
 		// A group: each member's output under its name.
 		var errs []error
 		for _, m := range byDependency(members) {
@@ -219,7 +223,7 @@ func runLogs(ctx context.Context, args []string) error {
 		}
 		return errors.Join(errs...)
 	}
-	return agents(st)[node].Logs(ctx, fs.Arg(0), os.Stdout)
+	return agents(st)[c.Node].Logs(ctx, fs.Arg(0), os.Stdout)
 }
 
 func runRm(ctx context.Context, args []string) error {
@@ -238,12 +242,13 @@ func runRm(ctx context.Context, args []string) error {
 	}
 	var errs []error
 	for _, name := range fs.Args() {
-		node, _, err := findContainer(ctx, st, name)
-		if err == nil {
-			err = agents(st)[node].Remove(ctx, name)
-		} else if members, gerr := groupMembers(ctx, st, name); gerr == nil && len(members) > 0 {
+		c, members, err := findTarget(ctx, st, name)
+		switch {
+		case err != nil:
+		case members == nil:
+			err = agents(st)[c.Node].Remove(ctx, name)
+		default:
 			// A group: every member, dependents first.
-			err = nil
 			ordered := byDependency(members)
 			for i := len(ordered) - 1; i >= 0; i-- {
 				m := ordered[i]

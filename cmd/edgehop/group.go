@@ -15,9 +15,8 @@ import (
 	"github.com/edgehop/edgehop/internal/testbed"
 )
 
-// groupMembers lists the containers of group, on whichever node.
-func groupMembers(ctx context.Context, st *testbed.State, group string) ([]api.Container, error) {
-	all, err := listAll(ctx, st)
+// membersOf picks the containers of group out of all, by name.
+func membersOf(all []api.Container, group string) []api.Container {
 	var out []api.Container
 	for _, c := range all {
 		if c.Group == group {
@@ -25,7 +24,7 @@ func groupMembers(ctx context.Context, st *testbed.State, group string) ([]api.C
 		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
-	return out, err
+	return out
 }
 
 // byDependency orders a group's members so that each comes after the

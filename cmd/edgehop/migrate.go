@@ -91,18 +91,18 @@ func runMigrate(ctx context.Context, args []string) error {
 	if _, err := transfer.ParseCompression(*compress); err != nil {
 		return fmt.Errorf("%w: --compress: %v", errUsage, err)
 	}
-	node, ctr, err := findContainer(ctx, st, pos[0])
+	if *rounds < 0 {
+		return fmt.Errorf("%w: --rounds %d < 0", errUsage, *rounds)
+	}
+	ctr, members, err := findTarget(ctx, st, pos[0])
 	if err != nil {
+		return err
+	}
+	node := ctr.Node
+	if members != nil {
 		// Not a container: a group of them, which moves as one.
-		members, gerr := groupMembers(ctx, st, pos[0])
-		if gerr != nil || len(members) == 0 {
-			return err
-		}
 		if migration.Strategy(*strategy) == migration.Auto {
 			return fmt.Errorf("%w: --strategy auto plans one container; give a group a strategy", errUsage)
-		}
-		if *rounds < 0 {
-			return fmt.Errorf("%w: --rounds %d < 0", errUsage, *rounds)
 		}
 		return migrateGroup(ctx, st, pos[0], members, api.MigrateRequest{To: *to, Strategy: *strategy, Rounds: *rounds,
 			Compression: *compress, MaxFrozenMs: maxFrozen.Milliseconds()}, *asJSON, *timeout)
@@ -119,9 +119,6 @@ func runMigrate(ctx context.Context, args []string) error {
 		if *rounds == 0 && p.Choice.Iterations > 0 {
 			*rounds = p.Choice.Iterations
 		}
-	}
-	if *rounds < 0 {
-		return fmt.Errorf("%w: --rounds %d < 0", errUsage, *rounds)
 	}
 	client := agents(st)[node]
 	job, err := client.StartMigration(ctx, pos[0], api.MigrateRequest{To: *to, Strategy: *strategy, Rounds: *rounds,
