@@ -26,7 +26,8 @@ import (
 // The walk is faster than the demo's so the suite stays short. Each time:
 // every migration succeeds and moves towards the user (never back: no
 // oscillation), the user is handed off at least twice, the service ends
-// on the last region's node, no client request fails, and every key
+// on the last region's node (past the origin under the throughput policy),
+// no client request fails, and every key
 // reads back intact.
 func TestServicesFollowTheirUser(t *testing.T) {
 	for _, pol := range []string{"latency", "region", "teka", "throughput", "model"} {
@@ -81,8 +82,19 @@ func TestServicesFollowTheirUser(t *testing.T) {
 				}
 				served = append(served, m.To)
 			}
-			if len(served) == 0 || served[len(served)-1] != "node2" {
-				t.Errorf("the followed redis ended on %v, want node2 (the last region's)", served)
+			// The throughput policy migrates when the user's throughput
+			// falls under half of what it was next to the origin (H-Container's
+			// absolute threshold). Moved to node1 in the middle region, the
+			// service stays there: from node1 the walk's end is too near
+			// for the throughput to halve again. Where it first fires
+			// depends on the machine's speed, so it must end past the
+			// origin; every other policy ends on the last region's node.
+			want := func(n string) bool { return n == "node2" }
+			if pol == "throughput" {
+				want = func(n string) bool { return nodeIndex(n) > 0 }
+			}
+			if len(served) == 0 || !want(served[len(served)-1]) {
+				t.Errorf("the followed redis ended on %v, want node2 (the last region's) or, under the throughput policy, past node0", served)
 			}
 			for _, f := range []string{"report.json", "report.html"} {
 				if _, err := readFileErr(filepath.Join(reports, f)); err != nil {
