@@ -11,6 +11,15 @@
 // bytes, beside each migration's downtime and phases. The sweep does the
 // same once per state size with a redis holding that much data.
 //
+// The persistence benchmark (H-Container Figs. 2 and 4) moves a Redis
+// holding each dataset size between the nodes live, with each strategy,
+// while a client sends requests back to back on one kept connection, and
+// then with Redis's own persistence: the snapshot streamed to the
+// destination (redis-cli --rdb, no 5 s diskless-sync delay), a new
+// redis-server started there on it. Downtime is the client's in both
+// cases, and DEBUG DIGEST checks every destination's data against the
+// source's.
+//
 // The aggregation (percentiles, gap extraction from a probe timeline,
 // ratios) is pure and tested on its own; everything else is I/O at the
 // edge. Every number a Report holds is measured in the run that produced

@@ -46,6 +46,12 @@ func appendCommand(dst []byte, args ...[]byte) []byte {
 	return dst
 }
 
+// redisError is an error reply: the server answered, refusing the command
+// (e.g. -LOADING while it loads its data).
+type redisError struct{ msg string }
+
+func (e *redisError) Error() string { return "redis: " + e.msg }
+
 // reply reads one RESP reply and returns it as text (bulk strings and
 // integers as their value); an error reply is an error.
 func (r *redisConn) reply() (string, error) {
@@ -61,7 +67,7 @@ func (r *redisConn) reply() (string, error) {
 	case '+', ':':
 		return line[1:], nil
 	case '-':
-		return "", fmt.Errorf("redis: %s", line[1:])
+		return "", &redisError{msg: line[1:]}
 	case '$':
 		n, err := strconv.Atoi(line[1:])
 		if err != nil || n < -1 {

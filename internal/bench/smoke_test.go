@@ -129,16 +129,7 @@ func checkSideShape(t *testing.T, what string, m map[string]json.RawMessage) {
 func TestSoakSmoke(t *testing.T) {
 	testutil.RequireRoot(t)
 	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter")
-	bin := os.Getenv("EDGEHOP_BIN")
-	if bin == "" {
-		dir := t.TempDir()
-		bin = filepath.Join(dir, "edgehop")
-		cmd := exec.Command("go", "build", "-o", bin, "../../cmd/edgehop")
-		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("build edgehop: %v\n%s", err, out)
-		}
-	}
+	bin := edgehopBin(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, bin, "bench", "soak", "--migrations", "12", "--json", "--root", filepath.Join(t.TempDir(), "root"))
@@ -169,4 +160,67 @@ func tail(s string, n int) string {
 		return s[len(s)-n:]
 	}
 	return s
+}
+
+// TestPersistenceSmoke runs `edgehop bench persistence --sizes 8 --json`:
+// a Redis holding 8 MB moved with stop-and-copy and post-copy (its client's
+// connection kept) and with Redis's own save/copy/restart/load, every
+// destination's data identical to the source's, and nothing left behind.
+func TestPersistenceSmoke(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter")
+	bin := edgehopBin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "persistence", "--sizes", "8", "--json", "--root", filepath.Join(t.TempDir(), "root"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench persistence: %v\nstderr: %s\nstdout: %s", err, tail(stderr.String(), 2000), stdout.String())
+	}
+	var rep PersistenceReport
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatalf("output: %v\n%s", err, stdout.String())
+	}
+	methods := map[string]PersistenceRow{}
+	for _, r := range rep.Rows {
+		t.Logf("%s: downtime %.1f ms (engine %.1f), %d keys, %d bytes of state, ok=%v %s", r.Method, r.DowntimeMs, r.EngineDowntimeMs, r.Keys, r.StateBytes, r.OK, r.Error)
+		methods[r.Method] = r
+		if !r.OK || !r.DataVerified || r.DowntimeMs <= 0 || r.Keys != 8000 || r.SizeMB != 8 {
+			t.Errorf("%s: ok=%v data verified=%v downtime %.1f ms keys %d: %s", r.Method, r.OK, r.DataVerified, r.DowntimeMs, r.Keys, r.Error)
+		}
+	}
+	for _, m := range []string{"edgehop stop-and-copy", "edgehop post-copy"} {
+		r, ok := methods[m]
+		switch {
+		case !ok:
+			t.Errorf("no %s row", m)
+		case !r.ConnectionKept || r.DowntimeVsPersistence == nil || r.EngineDowntimeMs <= 0:
+			t.Errorf("%s: connection kept %v, ratio %v, engine downtime %.1f", m, r.ConnectionKept, r.DowntimeVsPersistence, r.EngineDowntimeMs)
+		}
+	}
+	if r, ok := methods[PersistenceMethod]; !ok || r.StateBytes < 8e6 {
+		t.Errorf("persistence row %+v: want an RDB of at least the 8 MB of values", r)
+	}
+	if len(rep.Goals) != 2 {
+		t.Errorf("%d goals, want one per live method", len(rep.Goals))
+	}
+	if left, _ := filepath.Glob(linux.NetNSPath("eh-" + rep.Testbed.Name + "-*")); rep.Testbed.Name == "" || len(left) > 0 {
+		t.Errorf("testbed %q: namespaces left behind: %v", rep.Testbed.Name, left)
+	}
+}
+
+// edgehopBin is $EDGEHOP_BIN, else an edgehop built for the test.
+func edgehopBin(t *testing.T) string {
+	t.Helper()
+	if bin := os.Getenv("EDGEHOP_BIN"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "edgehop")
+	cmd := exec.Command("go", "build", "-o", bin, "../../cmd/edgehop")
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("build edgehop: %v\n%s", err, out)
+	}
+	return bin
 }
