@@ -13,6 +13,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"time"
 )
 
 // Range is a run of lazy pages of one process (pid in its namespace, as
@@ -30,7 +31,20 @@ type Range struct {
 const (
 	prefetchReqPages = 256 // 1 MiB
 	prefetchInFlight = 16 << 20
-	prefetchCached   = 256 << 20
+	// While the daemon faults, the prefetch keeps less in flight: a
+	// fault's request queues behind what is in flight (16 MiB is 130 ms
+	// at 1 Gbit/s, a fault's round trip is a few ms), and the service
+	// waits for each fault in turn. It goes back to the full amount (a
+	// link with a large bandwidth-delay product needs it) once no fault
+	// came for faultQuiet.
+	prefetchInFlightFaulting = 2 << 20
+	faultQuiet               = 100 * time.Millisecond
+	prefetchCached           = 256 << 20
+	// After the daemon faults a page that was not on its way, the
+	// followBelow pages below it, then the followPages above it, are
+	// prefetched first.
+	followPages = 2 * prefetchReqPages
+	followBelow = 16
 )
 
 // replyCmd is CRIU's header command of a GET reply:
@@ -138,9 +152,15 @@ type mux struct {
 	inFlight int64 // prefetched bytes asked for and not yet read
 	closed   bool  // the daemon sent CLOSE: no more requests upstream
 	started  bool  // the daemon made its first request
-	failed   error
-	todo     []Range // prefetch work left, in order
-	pending  []upReq // upstream requests awaiting their reply, in order
+	// lastFault is when the daemon last asked for a page it lacks (one
+	// page per request: its runs in the background are longer) that was
+	// not in the cache; quietTimer wakes the prefetch when faultQuiet
+	// has passed since.
+	lastFault  time.Time
+	quietTimer *time.Timer
+	failed     error
+	todo       []Range // prefetch work left, in order
+	pending    []upReq // upstream requests awaiting their reply, in order
 	// owed are the lazy pages the daemon has not been given yet. Once it
 	// has them all, the proxy closes the page server's session itself:
 	// the daemon's own CLOSE leaves corked (CRIU's disconnect sends it
@@ -254,13 +274,19 @@ func (m *mux) readDaemon() error {
 			}
 			m.slots <- s
 			m.mu.Lock()
-			m.started = true
+			if !m.started {
+				m.started = true
+				m.lastFault = time.Now() // the service starts faulting now
+			}
 			if reply, ok := m.takeCachedLocked(h); ok {
 				m.mu.Unlock()
 				m.st.Requests.Add(1)
 				s.reply = reply
 				close(s.ready)
 				continue
+			}
+			if h.nr == 1 {
+				m.lastFault = time.Now()
 			}
 			if m.comingLocked(h) {
 				m.parked = append(m.parked, parkedReq{h, s})
@@ -380,7 +406,7 @@ func (m *mux) prefetch() {
 	for {
 		// Wait for the daemon's first request, for room, or for work: a
 		// short reply still in flight may add the rest of its run.
-		for m.failed == nil && !m.closed && (!m.started || m.inFlight >= prefetchInFlight || m.cached >= prefetchCached ||
+		for m.failed == nil && !m.closed && (!m.started || m.inFlight >= m.inFlightLimitLocked() || m.cached >= prefetchCached ||
 			(len(m.todo) == 0 && m.inFlight > 0)) {
 			m.cond.Wait()
 		}
@@ -421,6 +447,26 @@ func (m *mux) prefetch() {
 	}
 }
 
+// inFlightLimitLocked is how many prefetched bytes may be on their way
+// now: less while the daemon faults. When the smaller limit holds the
+// prefetch back, a timer wakes it once the faults have been quiet long
+// enough for the larger one.
+func (m *mux) inFlightLimitLocked() int64 {
+	quiet := time.Since(m.lastFault)
+	if quiet >= faultQuiet {
+		return prefetchInFlight
+	}
+	if m.inFlight >= prefetchInFlightFaulting && m.quietTimer == nil {
+		m.quietTimer = time.AfterFunc(faultQuiet-quiet, func() {
+			m.mu.Lock()
+			m.quietTimer = nil
+			m.cond.Broadcast()
+			m.mu.Unlock()
+		})
+	}
+	return prefetchInFlightFaulting
+}
+
 // comingLocked says whether the first page of h is on its way to the
 // cache.
 func (m *mux) comingLocked(h header) bool {
@@ -446,6 +492,13 @@ func (m *mux) forwardLocked(h header, s *slot) error {
 	for i := uint64(0); i < n; i++ {
 		delete(m.wanted, pageKey{uint32(h.dstID), h.vaddr + i*pageSize})
 	}
+	// Faults come in runs (a service walking a table, a stack growing):
+	// the prefetch goes on from here first, so the next fault finds its
+	// page on the way instead of waiting again behind the prefetch.
+	// A stack grows down: a few pages below come first.
+	below := min(h.vaddr/pageSize, followBelow)
+	m.todo = slices.Insert(m.todo, 0, Range{PID: uint32(h.dstID), Addr: h.vaddr - below*pageSize, Pages: below},
+		Range{PID: uint32(h.dstID), Addr: h.vaddr + n*pageSize, Pages: followPages})
 	return m.sendLocked(upReq{h: h, daemon: s})
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,10 +16,14 @@ import (
 // strict as it is: it serves only the pages in lazy, a reply ends where
 // the server's run of pages ends (every runPages pages), and a GET for a
 // page it does not hold ends the connection (CRIU answers it with an
-// error and gives up). bad counts such requests.
-func strictPageServer(t *testing.T, l net.Listener, lazy map[pageKey]bool, runPages uint64, bad *atomic.Int64, closed *atomic.Bool) {
+// error and gives up). bad counts such requests. onGet, if not nil, sees
+// each GET first.
+func strictPageServer(t *testing.T, l net.Listener, lazy map[pageKey]bool, runPages uint64, bad *atomic.Int64, closed *atomic.Bool, onGet func(header)) {
 	t.Helper()
 	servePages(l, func(h header) []byte {
+		if onGet != nil {
+			onGet(h)
+		}
 		pid := uint32(h.dstID)
 		var n uint64
 		for n < h.nr && lazy[pageKey{pid, h.vaddr + n*pageSize}] {
@@ -41,6 +46,13 @@ func strictPageServer(t *testing.T, l net.Listener, lazy map[pageKey]bool, runPa
 
 func startPrefetch(t *testing.T, ranges []Range) (string, *Stats, *atomic.Int64, *atomic.Bool) {
 	t.Helper()
+	return startPrefetchWith(t, ranges, 64, nil)
+}
+
+// startPrefetchWith serves ranges from a strictPageServer whose runs end
+// every runPages pages, through ServePrefetch.
+func startPrefetchWith(t *testing.T, ranges []Range, runPages uint64, onGet func(header)) (string, *Stats, *atomic.Int64, *atomic.Bool) {
+	t.Helper()
 	lazy := map[pageKey]bool{}
 	for _, r := range ranges {
 		for i := uint64(0); i < r.Pages; i++ {
@@ -51,7 +63,7 @@ func startPrefetch(t *testing.T, ranges []Range) (string, *Stats, *atomic.Int64,
 	criu, dst := listen(t), listen(t)
 	var bad atomic.Int64
 	var closed atomic.Bool
-	strictPageServer(t, criu, lazy, 64, &bad, &closed)
+	strictPageServer(t, criu, lazy, runPages, &bad, &closed, onGet)
 	var st Stats
 	up := func(ctx context.Context) (net.Conn, error) {
 		var d net.Dialer
@@ -201,7 +213,7 @@ func TestDestPrefetchHybrid(t *testing.T) {
 	}
 	var bad atomic.Int64
 	var closed atomic.Bool
-	addr, sst, dstat := chainWith(t, func(l net.Listener) { strictPageServer(t, l, lazy, 64, &bad, &closed) },
+	addr, sst, dstat := chainWith(t, func(l net.Listener) { strictPageServer(t, l, lazy, 64, &bad, &closed, nil) },
 		func(ctx context.Context, l net.Listener, up func(context.Context) (net.Conn, error), st *Stats) error {
 			return ServePrefetch(ctx, l, up, store{}, ranges, st, nil)
 		})
@@ -295,5 +307,138 @@ func TestPrefetchShortReplies(t *testing.T) {
 	closeAfterServer(t, c, serverClosed, bad)
 	if st.DataPages.Load() != 100 || st.Prefetched.Load() != 99 {
 		t.Errorf("%d pages crossed and %d came from the prefetch, want 100 and 99", st.DataPages.Load(), st.Prefetched.Load())
+	}
+}
+
+// TestPrefetchFollowsFaults: a fault far from where the prefetch is (a
+// page it would reach last) is asked for at once, and the prefetch goes
+// on from there first, the few pages below (a stack grows down) and those
+// above, before going back to where it was; while the daemon faults, at
+// most prefetchInFlightFaulting of prefetched pages are ahead of a fault
+// on the wire. Every page still crosses once.
+func TestPrefetchFollowsFaults(t *testing.T) {
+	const a, b = 0x10000000, 0x40000000
+	const pages = 2048 // 8 MiB each
+	ranges := []Range{{PID: 7, Addr: a, Pages: pages}, {PID: 7, Addr: b, Pages: pages}}
+	// The server is slow (1 ms a request) and logs what it is asked.
+	type got struct{ vaddr, nr uint64 }
+	var mu sync.Mutex
+	var log []got
+	addr, st, bad, closed := startPrefetchWith(t, ranges, 1<<30, func(h header) {
+		mu.Lock()
+		log = append(log, got{h.vaddr, h.nr})
+		mu.Unlock()
+		time.Sleep(time.Millisecond)
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	// The first fault starts the prefetch at a; the second is far in b.
+	if _, err := c.Write(encodeHeader(cmdGet, 1, a, 7)); err != nil {
+		t.Fatal(err)
+	}
+	readReply(t, c, 7, a, 1)
+	fault := uint64(b + 1000*pageSize)
+	if _, err := c.Write(encodeHeader(cmdGet, 1, fault, 7)); err != nil {
+		t.Fatal(err)
+	}
+	readReply(t, c, 7, fault, 1)
+	// The daemon takes the rest, a run at a time, as CRIU's does.
+	for _, r := range ranges {
+		for p := uint64(0); p < r.Pages; {
+			va := r.Addr + p*pageSize
+			if va == a || va == fault {
+				p++
+				continue
+			}
+			n := uint64(1)
+			for p+n < r.Pages && n < 64 && r.Addr+(p+n)*pageSize != fault {
+				n++
+			}
+			if _, err := c.Write(encodeHeader(cmdGet, n, va, 7)); err != nil {
+				t.Fatal(err)
+			}
+			p += readReply(t, c, 7, va, n)
+		}
+	}
+	closeAfterServer(t, c, closed, bad)
+	if n := st.DataPages.Load(); n != 2*pages {
+		t.Errorf("%d pages crossed, want %d: each once", n, 2*pages)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	at := -1
+	for i, g := range log {
+		if g.vaddr == fault && g.nr == 1 {
+			at = i
+		}
+	}
+	if at < 0 {
+		t.Fatalf("the fault at %#x was never asked for: %v", fault, log)
+	}
+	// Ahead of the fault: prefetch requests of a (1 MiB each) sent before
+	// it, which the fault's reply waited behind.
+	ahead := uint64(0)
+	for _, g := range log[1:at] {
+		ahead += g.nr * pageSize
+	}
+	if ahead > prefetchInFlightFaulting+prefetchReqPages*pageSize {
+		t.Errorf("%d bytes of prefetch ahead of the fault, want at most %d while the daemon faults", ahead, prefetchInFlightFaulting+prefetchReqPages*pageSize)
+	}
+	next := log[at+1:]
+	if len(next) < 2 || next[0].vaddr != fault-followBelow*pageSize || next[0].nr != followBelow || next[1].vaddr != fault+pageSize {
+		t.Fatalf("after the fault at %#x the prefetch asked for %v; want the %d pages below it, then those above", fault, next[:min(len(next), 4)], followBelow)
+	}
+	// Above: followPages after the fault (in prefetchReqPages requests)
+	// come before the prefetch returns to a.
+	var above uint64
+	for _, g := range next {
+		if g.vaddr < b {
+			break
+		}
+		if g.vaddr > fault {
+			above += g.nr
+		}
+	}
+	if above < followPages {
+		t.Errorf("%d pages above the fault prefetched before going back to a, want %d", above, followPages)
+	}
+}
+
+// TestInFlightLimit: less in flight while the daemon faults, the full
+// amount once the faults are quiet; a timer wakes the prefetch then.
+func TestInFlightLimit(t *testing.T) {
+	m := &mux{lastFault: time.Now(), inFlight: prefetchInFlightFaulting}
+	m.cond = sync.NewCond(&m.mu)
+	m.mu.Lock()
+	if got := m.inFlightLimitLocked(); got != prefetchInFlightFaulting {
+		t.Errorf("faulting: limit %d, want %d", got, prefetchInFlightFaulting)
+	}
+	if m.quietTimer == nil {
+		t.Fatal("held back by the faulting limit without a timer to wake it")
+	}
+	woke := make(chan struct{})
+	go func() {
+		m.mu.Lock()
+		for m.quietTimer != nil {
+			m.cond.Wait()
+		}
+		m.mu.Unlock()
+		close(woke)
+	}()
+	m.mu.Unlock()
+	select {
+	case <-woke:
+	case <-time.After(10 * faultQuiet):
+		t.Fatal("the prefetch was not woken once the faults were quiet")
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if got := m.inFlightLimitLocked(); got != prefetchInFlight {
+		t.Errorf("quiet: limit %d, want %d", got, prefetchInFlight)
 	}
 }
