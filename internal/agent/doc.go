@@ -19,6 +19,11 @@
 // meet at two barriers, before the freeze and before the commit, so a
 // failure up to the commit rolls every member back; the destination
 // releases a member only once the members it depends on are restored.
+// The last member at the second barrier journals the unit's commit
+// (journal.CommitUnit) before any member commits, so a source agent
+// restarted between its members' commits hands every member over rather
+// than rolling some back (lazy strategies excepted: their pages died with
+// the dump).
 //
 // # The frozen window
 //

@@ -110,16 +110,24 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 		}
 		cancel()
 	}
-	destRestored := false
+	handOver := false
 	if frozen && !rec.Strategy.Lazy() {
 		if p, ok := a.peers[rec.Peer]; ok {
 			qctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 			ph, err := p.PeerPhase(qctx, rec.ID)
 			cancel()
-			destRestored = err == nil && migration.Phase(ph.Phase) == migration.Restored
+			handOver = err == nil && migration.Phase(ph.Phase) == migration.Restored
 		}
 	}
-	m, acts := migration.RecoverSource(rec.Strategy, rec.Phase, destRestored)
+	if frozen && !rec.Strategy.Lazy() && rec.Unit != "" && a.journal.UnitCommitted(rec.Unit) {
+		// Its group committed: every member had sent its state, and some
+		// may serve on the destination already. This one commits too
+		// (its destination restores it, asking our journal), or the
+		// group would end split.
+		a.log.Warn("its group had committed: committing", "container", rec.Container, "unit", rec.Unit)
+		handOver = true
+	}
+	m, acts := migration.RecoverSource(rec.Strategy, rec.Phase, handOver)
 	j := newJob(rec.ID, migration.RoleSource, rec.Container, a.cfg.Node, rec.Peer, rec.Strategy, nil)
 	j.frozen = frozen
 	a.jobs.add(j)

@@ -16,11 +16,15 @@ import (
 // its own job: none freezes before every member is ready to, and none
 // commits before every member has sent its state, so a member that fails
 // up to that point makes every other one roll back (or abort) on the
-// source. Their frozen-window budget is the whole unit's.
+// source. Their frozen-window budget is the whole unit's. Once every
+// member has sent its state, the last to arrive records the unit's commit
+// (commit: in the journal) before any member goes on, so that an agent
+// restarted in the middle commits every member rather than some.
 type unit struct {
 	id      string
 	group   string
 	members []string
+	commit  func() error // records the unit's commit; nil: nothing to record
 
 	mu      sync.Mutex    // guards the fields below
 	arrived map[stage]int // members that reached each stage
@@ -48,6 +52,11 @@ func (u *unit) arrive(ctx context.Context, s stage, bytes int64) error {
 	u.mu.Lock()
 	u.arrived[s]++
 	u.bytes += bytes
+	if s == stageSent && u.arrived[s] == len(u.members) && u.failed == nil && u.commit != nil {
+		if err := u.commit(); err != nil {
+			u.failed = fmt.Errorf("recording its commit failed: %w", err)
+		}
+	}
 	u.changed.notify()
 	for {
 		if u.failed != nil {
@@ -118,6 +127,13 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 	}
 	var outs []*outgoing
 	u := newUnit(group, names)
+	u.commit = func() error {
+		if err := a.journal.CommitUnit(u.id); err != nil {
+			return err
+		}
+		a.failpoint("unit-committed") // before any member's own commit
+		return nil
+	}
 	for _, name := range names {
 		o, err := a.newOutgoing(name, req)
 		if err != nil {
@@ -125,7 +141,7 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 			return nil, fmt.Errorf("group %s cannot move: %w", group, err)
 		}
 		claimed = append(claimed, name)
-		o.unit = u
+		o.unit, o.rec.Unit = u, u.id
 		outs = append(outs, o)
 	}
 	var jobs []*job

@@ -92,3 +92,38 @@ func TestRestoredSet(t *testing.T) {
 		t.Fatal("not released once db was restored")
 	}
 }
+
+// The last member to arrive at stageSent records the unit's commit, once,
+// before any member goes on; if recording fails, every member fails.
+func TestUnitRecordsCommit(t *testing.T) {
+	ctx := context.Background()
+	u := newUnit("app", []string{"db", "web"})
+	var calls int
+	u.commit = func() error { calls++; return nil }
+	done := make(chan error, 1)
+	go func() { done <- u.arrive(ctx, stageSent, 0) }()
+	time.Sleep(20 * time.Millisecond)
+	u.mu.Lock()
+	early := calls
+	u.mu.Unlock()
+	if early != 0 {
+		t.Fatal("recorded the commit before every member had sent its state")
+	}
+	if err := u.arrive(ctx, stageSent, 0); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil || calls != 1 {
+		t.Fatalf("first member: %v; commit recorded %d times, want 1", err, calls)
+	}
+
+	v := newUnit("app", []string{"db", "web"})
+	v.commit = func() error { return errors.New("disk full") }
+	go func() { done <- v.arrive(ctx, stageSent, 0) }()
+	time.Sleep(20 * time.Millisecond)
+	err := v.arrive(ctx, stageSent, 0)
+	for _, e := range []error{err, <-done} {
+		if e == nil || !strings.Contains(e.Error(), "recording its commit failed: disk full") {
+			t.Errorf("a member went on without the unit's commit recorded: %v", e)
+		}
+	}
+}

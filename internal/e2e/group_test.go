@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -10,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/testbed"
 )
 
@@ -186,16 +189,7 @@ func TestGroupMigrates(t *testing.T) {
 // clients' connections, the replication connection and the data survive.
 func TestGroupRollsBackAsOne(t *testing.T) {
 	e := newEnv(t)
-	realRunc, err := exec.LookPath("runc")
-	if err != nil {
-		t.Skip("skipped: runc not installed")
-	}
-	wrap := t.TempDir()
-	script := "#!/bin/sh\nrestore=; web=\nfor a in \"$@\"; do [ \"$a\" = restore ] && restore=1; [ \"$a\" = web ] && web=1; done\n" +
-		"[ -n \"$restore\" ] && [ -n \"$web\" ] && { echo 'injected restore failure of web' >&2; exit 1; }\nexec " + realRunc + " \"$@\"\n"
-	if err := os.WriteFile(filepath.Join(wrap, "runc"), []byte(script), 0o755); err != nil {
-		t.Fatal(err)
-	}
+	wrap := runcWrapper(t, "web", "echo 'injected restore failure of web' >&2; exit 1")
 	spec := testbed.DefaultSpec(e.name, 2, 1)
 	spec.Clients[0].Link.RateBps = 1_000_000_000
 	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node1": {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
@@ -222,4 +216,81 @@ func TestGroupRollsBackAsOne(t *testing.T) {
 		t.Errorf("result does not name web's failure: %+v", res)
 	}
 	e.checkGroupIntact("after the failed group migration", db, web, "node0", link, n, size, 1)
+}
+
+// TestGroupCommitSurvivesSourceCrash: the source agent dies right after
+// journaling the group's commit and before either member journals its own
+// (a failpoint: no outside observer can hit that moment), while one
+// member's destination is still restoring it. Restarted by the
+// testbed's supervisor, the agent must hand both members over, as their
+// group committed, rather than roll back those whose destination had not
+// finished restoring: the group ends whole on the destination, with the
+// clients' connections, the connection between the members, and the data.
+func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
+	e := newEnv(t)
+	// db's restore on node1 takes 5 s longer: the restarted source finds
+	// it still restoring there (web restored), the case where rolling
+	// back on the member's own account would split the group.
+	wrap := runcWrapper(t, "db", "sleep 5")
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node1": {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
+	e.logsOnFailure(st)
+	const n, size = 20, 1 << 20
+	db, web := e.redisGroup(st, n, size)
+	link := replicaLinkID(t, db)
+	fp := filepath.Join(st.Nodes[0].StateDir, "failpoint-unit-committed")
+	if err := os.WriteFile(fp, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := api.NewUnixClient(st.Nodes[0].Socket).StartGroupMigration(ctx, "app", api.MigrateRequest{To: "node1", Strategy: "stop-and-copy"}); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		var ps []ctr
+		_, ferr := os.Stat(fp)
+		out, _, err := e.run("ps", "--json")
+		if errors.Is(ferr, os.ErrNotExist) && err == nil && json.Unmarshal([]byte(out), &ps) == nil && len(ps) == 2 &&
+			ps[0].Node == "node1" && ps[1].Node == "node1" && ps[0].Status == "running" && ps[1].Status == "running" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the group did not settle on node1 (failpoint left: %v): ps %s", ferr == nil, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	log, err := os.ReadFile(filepath.Join(st.Nodes[0].StateDir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	crashed := strings.Contains(string(log), "failpoint reached")
+	handed := strings.Count(string(log), "its group had committed: committing")
+	t.Logf("source agent crashed at the failpoint: %v; members it handed over on recovery because their group had committed: %d", crashed, handed)
+	if !crashed {
+		t.Fatal("the source agent never reached the failpoint")
+	}
+	if handed == 0 {
+		t.Error("the restarted source settled the members without looking at their group's commit")
+	}
+	e.checkGroupIntact("after the source agent died at the group's commit", db, web, "node1", link, n, size, 1)
+}
+
+// runcWrapper returns a directory holding a runc that runs the shell
+// command action before restoring container name, then the real runc; an
+// agent whose PATH starts with it restores name that way.
+func runcWrapper(t *testing.T, name, action string) string {
+	t.Helper()
+	realRunc, err := exec.LookPath("runc")
+	if err != nil {
+		t.Skip("skipped: runc not installed")
+	}
+	dir := t.TempDir()
+	script := "#!/bin/sh\nrestore=; it=\nfor a in \"$@\"; do [ \"$a\" = restore ] && restore=1; [ \"$a\" = " + name + " ] && it=1; done\n" +
+		"if [ -n \"$restore\" ] && [ -n \"$it\" ]; then " + action + "; fi\nexec " + realRunc + " \"$@\"\n"
+	if err := os.WriteFile(filepath.Join(dir, "runc"), []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
 }

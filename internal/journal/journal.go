@@ -40,6 +40,9 @@ type Record struct {
 	PageServer string `json:"page_server,omitempty"`
 	// Error is why the migration did not end well.
 	Error string `json:"error,omitempty"`
+	// Unit is the id of the group migration this one is a member of
+	// (none: alone); CommitUnit records the unit's commit.
+	Unit string `json:"unit,omitempty"`
 }
 
 // Errors callers branch on.
@@ -86,6 +89,9 @@ func (r Record) Validate() error {
 	}
 	if r.ImageDir != "" && (!filepath.IsAbs(r.ImageDir) || filepath.Clean(r.ImageDir) != r.ImageDir) {
 		errs = append(errs, fmt.Errorf("image dir %q: want a clean absolute path", r.ImageDir))
+	}
+	if r.Unit != "" && !ValidID(r.Unit) {
+		errs = append(errs, fmt.Errorf("unit %q: want 16 hex digits", r.Unit))
 	}
 	if len(r.Error) > 4096 {
 		errs = append(errs, fmt.Errorf("error text of %d bytes", len(r.Error)))
@@ -297,10 +303,69 @@ func (j *Journal) Prune(keep int) error {
 		}
 	}
 	var errs []error
+	removed := map[string]bool{}
 	for i := 0; i < len(ended)-keep; i++ {
+		removed[ended[i].ID] = true
 		if err := os.Remove(j.path(ended[i].ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
 	}
+	kept := map[string]bool{}
+	for _, r := range rs {
+		if !removed[r.ID] {
+			kept[r.Unit] = true
+		}
+	}
+	// A unit's commit goes with the last record that names it (kept
+	// while a record could not be read: it may name it).
+	units, _ := filepath.Glob(filepath.Join(j.dir, "*"+unitSuffix))
+	if err != nil {
+		units = nil
+	}
+	for _, u := range units {
+		if id := strings.TrimSuffix(filepath.Base(u), unitSuffix); !kept[id] {
+			if err := os.Remove(u); err != nil && !errors.Is(err, fs.ErrNotExist) {
+				errs = append(errs, err)
+			}
+		}
+	}
 	return errors.Join(errs...)
+}
+
+// unitSuffix names a unit's commit marker: an empty file.
+const unitSuffix = ".unit-committed"
+
+// CommitUnit durably records that the group migration unit committed:
+// every member sent its state, so none may roll back now, whichever of
+// them a crash interrupts. It is idempotent (every member calls it).
+func (j *Journal) CommitUnit(unit string) error {
+	if !ValidID(unit) {
+		return fmt.Errorf("%w: unit id %q", ErrInvalid, unit)
+	}
+	path := filepath.Join(j.dir, unit+unitSuffix)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if _, err := os.Stat(path); err == nil {
+		return nil
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY, 0o600)
+	if err == nil {
+		err = f.Close()
+	}
+	if err == nil {
+		err = linux.SyncDir(j.dir)
+	}
+	if err != nil {
+		return fmt.Errorf("journal: commit unit %s: %w", unit, err)
+	}
+	return nil
+}
+
+// UnitCommitted reports whether CommitUnit(unit) was recorded.
+func (j *Journal) UnitCommitted(unit string) bool {
+	if !ValidID(unit) {
+		return false
+	}
+	_, err := os.Stat(filepath.Join(j.dir, unit+unitSuffix))
+	return err == nil
 }

@@ -208,3 +208,59 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// A unit's commit is durable and idempotent, refused for a malformed id,
+// kept while a record names the unit and pruned with the last one.
+func TestCommitUnit(t *testing.T) {
+	j, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	unit, other := NewID(), NewID()
+	if j.UnitCommitted(unit) {
+		t.Fatal("committed before CommitUnit")
+	}
+	for i := 0; i < 2; i++ {
+		if err := j.CommitUnit(unit); err != nil {
+			t.Fatalf("CommitUnit #%d: %v", i+1, err)
+		}
+	}
+	if !j.UnitCommitted(unit) || j.UnitCommitted(other) {
+		t.Fatal("UnitCommitted does not match what was committed")
+	}
+	if err := j.CommitUnit("../x"); !errors.Is(err, ErrInvalid) || j.UnitCommitted("../x") {
+		t.Fatalf("malformed unit id: %v", err)
+	}
+	bad := rec(NewID(), migration.Frozen)
+	bad.Unit = "not-an-id"
+	if _, err := j.Put(bad); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("record with a malformed unit: %v", err)
+	}
+
+	// A member still in progress keeps the commit through a prune; once
+	// its record is pruned, the commit goes too.
+	member := rec(NewID(), migration.Transferred)
+	member.Unit = unit
+	if _, err := j.Put(member); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.CommitUnit(other); err != nil { // named by no record
+		t.Fatal(err)
+	}
+	if err := j.Prune(0); err != nil {
+		t.Fatal(err)
+	}
+	if !j.UnitCommitted(unit) || j.UnitCommitted(other) {
+		t.Fatalf("after a prune: unit kept %v (want true), unnamed unit kept %v (want false)", j.UnitCommitted(unit), j.UnitCommitted(other))
+	}
+	member.Phase = migration.Done
+	if _, err := j.Put(member); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Prune(0); err != nil {
+		t.Fatal(err)
+	}
+	if j.UnitCommitted(unit) {
+		t.Fatal("the unit's commit outlived its last record")
+	}
+}

@@ -215,17 +215,19 @@ func (s *Source) end(p Phase, o Outcome, err error) []Action {
 }
 
 // RecoverSource returns the machine of a migration an agent journaled in
-// phase p before it stopped, and the actions that settle it. destRestored
-// says whether the destination reports the service restored and waiting
-// for a commit that never came: then, unless the strategy is lazy (its
-// pages were served by the dump that died with the agent), the service is
-// handed over instead of restored here.
+// phase p before it stopped, and the actions that settle it. handOver
+// says whether the destination has the whole state: it reports the
+// service restored and waiting for a commit that never came, or the
+// service's group committed (every member had sent its state). Then,
+// unless the strategy is lazy (its pages were served by the dump that
+// died with the agent), the service is handed over instead of restored
+// here.
 //
 // Before the freeze nothing changed: the migration is aborted. Frozen (not
 // committed): the service resumes here (thawed, or restored from its
 // images), or is handed over. Committed: the destination's journal says
 // whether it serves the service or holds nothing (then it resumes here).
-func RecoverSource(s Strategy, p Phase, destRestored bool) (*Source, []Action) {
+func RecoverSource(s Strategy, p Phase, handOver bool) (*Source, []Action) {
 	m := &Source{strategy: s, phase: p}
 	if s.Lazy() {
 		// The lazy dump died with the agent: no pages to wait for.
@@ -235,7 +237,7 @@ func RecoverSource(s Strategy, p Phase, destRestored bool) (*Source, []Action) {
 	case "", Preparing, LiveRounds:
 		return m, m.abort(errors.New("the source agent restarted before the freeze"), true)
 	case Frozen, Transferred:
-		if destRestored && !s.Lazy() {
+		if handOver && !s.Lazy() {
 			m.phase, m.pending = Committed, ActAskDest
 			return m, []Action{journal(Committed), act(ActAskDest)}
 		}
