@@ -79,7 +79,6 @@ func (cc *churnClient) once(ctx context.Context, ns, addr string, i int) {
 func TestNewConnectionsWaitDuringMigration(t *testing.T) {
 	e, st, c := probeTestbed(t)
 	ns, addr := linux.NetNSPath(st.Clients[0].NetNS), net.JoinHostPort(c.IP, "7000")
-	waitProbe(t, ns, addr)
 
 	ctx, cancel := context.WithCancel(context.Background())
 	cc := &churnClient{}

@@ -150,7 +150,8 @@ func TestProbeSurvivesMigrations(t *testing.T) {
 }
 
 // probeTestbed brings up three nodes and a client, with the continuity
-// probe "p" listening on port 7000 on node0.
+// probe "p" on node0 answering on port 7000 (`run` returns once the
+// container started, maybe before the probe listens).
 func probeTestbed(t *testing.T) (*env, status, ctr) {
 	t.Helper()
 	e := newEnv(t)
@@ -159,6 +160,7 @@ func probeTestbed(t *testing.T) (*env, status, ctr) {
 	e.mustJSON(&st, "testbed", "status", "--json")
 	var c ctr
 	e.mustJSON(&c, "run", "--node", "node0", "--name", "p", "--image", "probe", "--json", "--", "7000")
+	waitProbe(t, linux.NetNSPath(st.Clients[0].NetNS), net.JoinHostPort(c.IP, "7000"))
 	return e, st, c
 }
 
