@@ -108,6 +108,14 @@ type env struct {
 
 func (e *env) node(i int) testbed.Member { return e.st.Nodes[i] }
 
+// other is the node of the two a service on node n migrates to.
+func (e *env) other(n string) string {
+	if n == e.node(nodeA).Name {
+		return e.node(nodeB).Name
+	}
+	return e.node(nodeA).Name
+}
+
 // Run brings up a testbed, measures edgehop and (when cfg.Baseline) the
 // podman path on it, runs the sweep when asked, tears the testbed down
 // whatever happens, and returns the report. A baseline that cannot run
@@ -258,10 +266,7 @@ func (e *env) edgehopContinuity(ctx context.Context) (Side, error) {
 	}
 	var runs []Migration
 	for i := 0; i < e.cfg.Runs; i++ {
-		to := e.node(nodeA).Name
-		if loc == to {
-			to = e.node(nodeB).Name
-		}
+		to := e.other(loc)
 		r := Migration{Index: i, From: loc, To: to, start: time.Now()}
 		var res migration.Result
 		merr := e.agents[loc].Migrate(ctx, probeName, api.MigrateRequest{To: to, Strategy: string(e.cfg.Strategy), LinkBps: int64(e.st.PathRate(loc, to))}, &res)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"path"
 	"regexp"
 	"strconv"
 	"strings"
@@ -241,19 +242,12 @@ func (e *env) persistenceSize(ctx context.Context, cfg PersistenceConfig, size i
 	if err != nil {
 		return nil, err
 	}
-	digest, err := rc.do(time.Minute, "DEBUG", "DIGEST")
+	digest, err := rc.digest()
 	if err != nil {
 		return nil, fmt.Errorf("DEBUG DIGEST at the source: %w", err)
 	}
-	other := func(n string) string {
-		if n == e.node(nodeA).Name {
-			return e.node(nodeB).Name
-		}
-		return e.node(nodeA).Name
-	}
-
 	for _, s := range cfg.Strategies {
-		to := other(loc)
+		to := e.other(loc)
 		row := PersistenceRow{SizeMB: size, Method: "edgehop " + s, Keys: keys, ValueBytes: cfg.ValueBytes, RedisUsedBytes: used}
 		e.log.Info("persistence", "size_mb", size, "method", row.Method, "from", loc, "to", to)
 		p, err := startPinger(ctx, e.client, addr)
@@ -283,7 +277,7 @@ func (e *env) persistenceSize(ctx context.Context, cfg PersistenceConfig, size i
 			row.OK = false
 			row.Error = errors.Join(errorOrNil(row.Error), fmt.Errorf("client: %w", perr)).Error()
 		}
-		got, derr := rc.do(time.Minute, "DEBUG", "DIGEST")
+		got, derr := rc.digest()
 		row.DataVerified = derr == nil && got == digest
 		if !row.DataVerified {
 			row.OK = false
@@ -298,7 +292,7 @@ func (e *env) persistenceSize(ctx context.Context, cfg PersistenceConfig, size i
 		}
 	}
 
-	row, err := e.persistOnce(ctx, loc, other(loc), addr, keys, digest, cleanup)
+	row, err := e.persistOnce(ctx, loc, e.other(loc), addr, keys, digest, cleanup)
 	row.SizeMB, row.Keys, row.ValueBytes, row.RedisUsedBytes = size, keys, cfg.ValueBytes, used
 	rows = append(rows, row)
 	if err != nil {
@@ -332,10 +326,8 @@ func (e *env) persistOnce(ctx context.Context, from, to, srcAddr string, keys in
 		return row, fmt.Errorf("source redis: %w", err)
 	}
 	t0 := time.Now()
-	script := fmt.Sprintf("redis-cli -h %s -p %s --rdb %s && echo edgehop-rdb-done && exec %s --dir /tmp --dbfilename dump.rdb",
-		srcIP, redisPort, rdbPath, strings.Join(persistRedisArgs(), " "))
-	// The args are plain words except --save's empty value: quote it.
-	script = strings.Replace(script, "--save  ", "--save '' ", 1)
+	script := fmt.Sprintf("redis-cli -h %s -p %s --rdb %s && echo edgehop-rdb-done && exec %s",
+		srcIP, redisPort, rdbPath, shellWords(append(persistRedisArgs(), "--dir", path.Dir(rdbPath), "--dbfilename", path.Base(rdbPath))))
 	c, err := e.agents[to].Run(ctx, api.RunRequest{Name: persistRestore, Image: image.Services, Args: []string{"sh", "-c", script}})
 	if err != nil {
 		return row, fmt.Errorf("run the restoring redis on %s: %w", to, err)
@@ -390,13 +382,23 @@ func (e *env) persistOnce(ctx context.Context, from, to, srcAddr string, keys in
 		row.StateBytes, _ = strconv.ParseInt(m[1], 10, 64)
 		row.BytesOnWire = row.StateBytes
 	}
-	got, derr := dst.do(time.Minute, "DEBUG", "DIGEST")
+	got, derr := dst.digest()
 	row.DataVerified = derr == nil && got == digest
 	row.OK = row.DataVerified
 	if !row.OK {
 		row.Error = fmt.Sprintf("data after the restart: digest %q (%v), want %q", got, derr, digest)
 	}
 	return row, nil
+}
+
+// shellWords quotes each of args for sh (single quotes; an embedded one
+// as '\”) and joins them with spaces.
+func shellWords(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
 }
 
 // logs returns a container's output so far ("" when it cannot be read).
@@ -449,6 +451,12 @@ func (p *pinger) run() {
 		}
 		now := time.Now()
 		p.mu.Lock()
+		select {
+		case <-p.stop: // stopAfterReply closed the connection under it
+			p.mu.Unlock()
+			return
+		default:
+		}
 		if err != nil {
 			p.err = err
 			p.mu.Unlock()
@@ -462,9 +470,9 @@ func (p *pinger) run() {
 }
 
 // stopAfterReply waits for one more reply (the service answers again),
-// stops the pinger and returns the longest gap it saw.
+// stops the pinger (closing its connection, so a request in flight does
+// not keep it) and returns the longest gap it saw.
 func (p *pinger) stopAfterReply(ctx context.Context, timeout time.Duration) (time.Duration, error) {
-	defer p.rc.Close()
 	p.mu.Lock()
 	n := p.replies
 	p.mu.Unlock()
@@ -478,7 +486,10 @@ func (p *pinger) stopAfterReply(ctx context.Context, timeout time.Duration) (tim
 		}
 		time.Sleep(time.Millisecond)
 	}
+	p.mu.Lock()
 	close(p.stop)
+	p.mu.Unlock()
+	p.rc.Close()
 	<-p.done
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -56,3 +56,10 @@ func TestPersistenceGoalsAndText(t *testing.T) {
 		}
 	}
 }
+
+func TestShellWords(t *testing.T) {
+	got := shellWords([]string{"redis-server", "--save", "", "it's"})
+	if want := `'redis-server' '--save' '' 'it'\''s'`; got != want {
+		t.Errorf("shellWords = %s, want %s", got, want)
+	}
+}

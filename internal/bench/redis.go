@@ -160,6 +160,10 @@ func (r *redisConn) fill(ctx context.Context, totalBytes int64, valueSize int) (
 	return keys, used, nil
 }
 
+// digest is DEBUG DIGEST: a hash of every key and value (the server
+// must run with --enable-debug-command yes).
+func (r *redisConn) digest() (string, error) { return r.do(time.Minute, "DEBUG", "DIGEST") }
+
 func (r *redisConn) dbsize() (int, error) {
 	s, err := r.do(10*time.Second, "DBSIZE")
 	if err != nil {

@@ -83,10 +83,7 @@ func (e *env) sweepEdgehop(ctx context.Context, size int) (rows []SweepRow, err 
 		return nil, err
 	}
 	for _, st := range []migration.Strategy{migration.StopAndCopy, migration.PostCopy} {
-		to := e.node(nodeA).Name
-		if loc == to {
-			to = e.node(nodeB).Name
-		}
+		to := e.other(loc)
 		row := SweepRow{SizeMB: size, Path: "edgehop " + string(st), Available: true, Keys: keys, RedisUsedBytes: used}
 		var res migration.Result
 		merr := e.agents[loc].Migrate(ctx, name, api.MigrateRequest{To: to, Strategy: string(st), LinkBps: int64(e.st.PathRate(loc, to))}, &res)

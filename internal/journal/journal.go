@@ -316,12 +316,12 @@ func (j *Journal) Prune(keep int) error {
 			kept[r.Unit] = true
 		}
 	}
-	// A unit's commit goes with the last record that names it (kept
-	// while a record could not be read: it may name it).
-	units, _ := filepath.Glob(filepath.Join(j.dir, "*"+unitSuffix))
+	// A unit's commit goes with the last record that names it (all kept
+	// while a record could not be read: it may name one).
 	if err != nil {
-		units = nil
+		return errors.Join(errs...)
 	}
+	units, _ := filepath.Glob(filepath.Join(j.dir, "*"+unitSuffix))
 	for _, u := range units {
 		if id := strings.TrimSuffix(filepath.Base(u), unitSuffix); !kept[id] {
 			if err := os.Remove(u); err != nil && !errors.Is(err, fs.ErrNotExist) {
@@ -337,7 +337,7 @@ const unitSuffix = ".unit-committed"
 
 // CommitUnit durably records that the group migration unit committed:
 // every member sent its state, so none may roll back now, whichever of
-// them a crash interrupts. It is idempotent (every member calls it).
+// them a crash interrupts. It is idempotent.
 func (j *Journal) CommitUnit(unit string) error {
 	if !ValidID(unit) {
 		return fmt.Errorf("%w: unit id %q", ErrInvalid, unit)
