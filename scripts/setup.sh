@@ -16,7 +16,8 @@ command -v apt-get >/dev/null || die "apt-get not found: edgehop setup supports 
 PKGS=(runc iptables iproute2 debootstrap busybox-static podman rsync uidmap ca-certificates
       build-essential pkg-config libbsd-dev libcap-dev libgnutls28-dev libnet1-dev
       libnftables-dev libnl-3-dev libprotobuf-c-dev libprotobuf-dev protobuf-c-compiler
-      protobuf-compiler uuid-dev python3-protobuf dpkg-dev kmod util-linux iputils-ping chromium)
+      protobuf-compiler uuid-dev python3-protobuf dpkg-dev kmod util-linux iputils-ping chromium
+      wrk)
 
 missing=()
 for p in "${PKGS[@]}"; do

@@ -16,7 +16,7 @@ import (
 var benches = map[string]func(ctx context.Context, args []string) error{}
 
 func init() {
-	register(command{name: "bench", summary: "benchmarks against a baseline measured in the same run: link | continuity | soak | follow | controller | pam | arnab | teka", run: runBench})
+	register(command{name: "bench", summary: "benchmarks against a baseline measured in the same run: link | continuity | soak | follow | controller | pam | arnab | teka | persistence | cloudhopper", run: runBench})
 	benches["link"] = benchLink
 }
 

@@ -105,12 +105,12 @@ func parseInts(s string) ([]int, error) {
 		}
 		n, err := strconv.Atoi(f)
 		if err != nil {
-			return nil, fmt.Errorf("%q is not a whole number of MB", f)
+			return nil, fmt.Errorf("%q is not a whole number", f)
 		}
 		out = append(out, n)
 	}
 	if len(out) == 0 {
-		return nil, fmt.Errorf("no sizes")
+		return nil, fmt.Errorf("empty list")
 	}
 	return out, nil
 }

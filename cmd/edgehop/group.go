@@ -3,11 +3,9 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"sort"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
@@ -147,30 +145,26 @@ func migrateGroup(ctx context.Context, st *testbed.State, group string, members 
 // runGroupJobs starts a group migration on client's agent and follows
 // every member's job to its end.
 func runGroupJobs(ctx context.Context, client *api.Client, group string, r api.MigrateRequest) ([]migration.Result, error) {
-	jobs, err := client.StartGroupMigration(ctx, group, r)
+	jobs, err := client.MigrateGroup(ctx, group, r)
 	if err != nil {
 		return nil, err
 	}
+	return groupResults(jobs)
+}
+
+// groupResults decodes the members' results from their ended jobs; a job
+// that ended without one is a failed member.
+func groupResults(jobs []api.Job) ([]migration.Result, error) {
 	out := make([]migration.Result, len(jobs))
-	errs := make([]error, len(jobs))
-	var wg sync.WaitGroup
 	for i, j := range jobs {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			done, err := client.FollowJob(ctx, j.ID, nil)
-			if err != nil {
-				errs[i] = fmt.Errorf("migration %s of %s: %w (it goes on on the agent; see 'edgehop migrations')", j.ID, j.Container, err)
-				return
+		if len(j.Result) > 0 {
+			if err := json.Unmarshal(j.Result, &out[i]); err != nil {
+				return nil, fmt.Errorf("result of %s: %w", j.Container, err)
 			}
-			if len(done.Result) > 0 {
-				errs[i] = json.Unmarshal(done.Result, &out[i])
-			}
-			if out[i].Container == "" {
-				out[i].Container, out[i].Error = j.Container, "ended "+done.State
-			}
-		}()
+		}
+		if out[i].Container == "" {
+			out[i].Container, out[i].Error = j.Container, "ended "+j.State
+		}
 	}
-	wg.Wait()
-	return out, errors.Join(errs...)
+	return out, nil
 }

@@ -444,7 +444,7 @@ func (in *incoming) restore(ctx context.Context) error {
 	// the deadline it is killed and the source takes the service back.
 	rdl := migration.RestoreDeadline(in.stateBytes)
 	rctx, rcancel := context.WithTimeout(ctx, rdl)
-	_, err = a.rt.Restore(rctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: work, TCPEstablished: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf})
+	_, err = a.rt.Restore(rctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: work, TCPEstablished: true, FileLocks: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf})
 	if err != nil && rctx.Err() == context.DeadlineExceeded {
 		err = fmt.Errorf("no restore within %s (%d bytes of images): %w", rdl, in.stateBytes, err)
 	}

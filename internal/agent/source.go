@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"time"
@@ -263,10 +264,20 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 				return migration.Event{Kind: migration.EvCancel, Err: err}
 			}
 		}
+		if o.unit != nil {
+			// ... and each after the members that depend on it.
+			if err := o.unit.awaitDependentsFrozen(ctx, o.rec.Container); err != nil {
+				return migration.Event{Kind: migration.EvCancel, Err: err}
+			}
+		}
 		if !o.job.enterFreeze() {
 			return migration.Event{Kind: migration.EvCancel, Err: errCancelled}
 		}
-		return o.event(ctx, migration.EvFrozen, o.freeze())
+		err := o.freeze()
+		if err == nil && o.unit != nil {
+			o.unit.markFrozen(o.rec.Container)
+		}
+		return o.event(ctx, migration.EvFrozen, err)
 	case migration.ActDump:
 		return o.frozenEvent(migration.EvDumped, o.dump())
 	case migration.ActSend:
@@ -505,7 +516,19 @@ func (o *outgoing) stateBytes() int64 {
 func (o *outgoing) holdNewConnections() {
 	a, name := o.a, o.rec.Container
 	ns := a.nsPath(name)
-	h, err := netplane.HoldNew(ns)
+	var members []netip.Addr // the unit's other members connect at once
+	if o.unit != nil {
+		a.mu.Lock()
+		for _, m := range o.unit.members {
+			if c := a.containers[m]; c != nil && m != name {
+				if ip, err := netip.ParseAddr(c.meta.IP); err == nil {
+					members = append(members, ip)
+				}
+			}
+		}
+		a.mu.Unlock()
+	}
+	h, err := netplane.HoldNew(ns, members...)
 	if err != nil {
 		a.log.Warn("hold new connections: a connection arriving at the freeze may fail the dump", "container", name, "err", err)
 		return
@@ -522,7 +545,7 @@ func (o *outgoing) holdNewConnections() {
 			a.log.Warn("let held connection requests in", "container", name, "err", err)
 		}
 	})
-	if hs, q, err := netplane.WaitSettled(ns, pendingWait, true); err == nil && hs+q > 0 {
+	if hs, q, err := netplane.WaitSettled(ns, pendingStall, pendingWait, true); err == nil && hs+q > 0 {
 		a.log.Info("connections still pending at the freeze", "container", name, "handshaking", hs, "queued", q)
 	}
 }
@@ -531,10 +554,16 @@ func (o *outgoing) holdNewConnections() {
 // the source takes the service's link down (it takes a few milliseconds).
 const switchWait = 100 * time.Millisecond
 
-// pendingWait bounds the wait for connections in their handshake or
-// accept queue before the freeze (a handshake takes a round trip to the
-// client; accepting them, the service's time).
-const pendingWait = 250 * time.Millisecond
+// Before the freeze the source waits for connections in their handshake
+// or accept queue (a handshake takes a round trip to the client;
+// accepting them, the service's time): while their number keeps going
+// down, up to pendingWait (a loaded web server drains a queue as long as
+// its clients are many), and no longer than pendingStall without progress.
+// The service runs meanwhile; only new connections wait.
+const (
+	pendingStall = 250 * time.Millisecond
+	pendingWait  = 30 * time.Second
+)
 
 // acceptQueued: connections the frozen service had not accepted yet
 // (completed just before the freeze, or a service slow to accept) would
@@ -553,7 +582,7 @@ func (o *outgoing) acceptQueued(ctx context.Context) {
 			a.log.Warn("thaw for queued connections", "container", name, "err", err)
 			return
 		}
-		_, _, _ = netplane.WaitSettled(ns, 100*time.Millisecond, false)
+		_, _, _ = netplane.WaitSettled(ns, 100*time.Millisecond, 100*time.Millisecond, false)
 		if _, err := linux.FreezeCgroupSeizable(ctx, a.cgroupsPath(name), 20); err != nil {
 			o.paused = false
 			a.log.Warn("freeze again after accepting; CRIU freezes instead", "container", name, "err", err)
@@ -566,7 +595,9 @@ func (o *outgoing) acceptQueued(ctx context.Context) {
 // is up and goes on serving pages.
 func (o *outgoing) dump() error {
 	a, name := o.a, o.rec.Container
-	ckOpts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true, RealIDs: o.dumpAs}
+	// File locks (a database's fcntl locks on its data files, Apache's
+	// and PHP's lock files) are dumped and taken again on restore.
+	ckOpts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true, FileLocks: true, RealIDs: o.dumpAs}
 	var err error
 	if o.req.Strategy.Lazy() {
 		ckCtx, ckCancel := context.WithCancel(context.WithoutCancel(a.runCtx))
@@ -1037,7 +1068,7 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 		if err != nil {
 			return err
 		}
-		if _, err := a.rt.Restore(ctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+		if _, err := a.rt.Restore(ctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true, FileLocks: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
 			lf.Close()
 			return err
 		}

@@ -26,9 +26,14 @@ type unit struct {
 	members []string
 	commit  func() error // records the unit's commit; nil: nothing to record
 
-	mu      sync.Mutex    // guards the fields below
-	arrived map[stage]int // members that reached each stage
-	bytes   int64         // the members' state, as each reported it at the freeze
+	// dependents lists, for each member, the members that depend on it
+	// (name it in their After): it freezes only after they have.
+	dependents map[string][]string
+
+	mu      sync.Mutex      // guards the fields below
+	arrived map[stage]int   // members that reached each stage
+	frozen  map[string]bool // members frozen (awaitDependentsFrozen)
+	bytes   int64           // the members' state, as each reported it at the freeze
 	failed  error
 	changed notifier
 }
@@ -42,7 +47,60 @@ const (
 )
 
 func newUnit(group string, members []string) *unit {
-	return &unit{id: journal.NewID(), group: group, members: members, arrived: map[stage]int{}}
+	return &unit{id: journal.NewID(), group: group, members: members, arrived: map[stage]int{}, frozen: map[string]bool{}}
+}
+
+// orderFreeze makes every member freeze after the members that depend on
+// it (after: member → the members it depends on). A web tier that opens
+// a connection to its database per request then makes none once the
+// database is frozen: the database accepts the last ones before it
+// freezes, and no connection between them is half-made at the dump.
+// Dependencies outside the unit, and any that form a cycle, are ignored.
+func (u *unit) orderFreeze(after map[string][]string) {
+	u.dependents = map[string][]string{}
+	for _, m := range u.members {
+		for _, d := range after[m] {
+			if d != m && slices.Contains(u.members, d) && !dependsOn(after, d, m, len(u.members)) {
+				u.dependents[d] = append(u.dependents[d], m)
+			}
+		}
+	}
+}
+
+// dependsOn reports whether a depends on b, directly or not, in at most
+// depth steps.
+func dependsOn(after map[string][]string, a, b string, depth int) bool {
+	if depth == 0 {
+		return false
+	}
+	for _, d := range after[a] {
+		if d == b || dependsOn(after, d, b, depth-1) {
+			return true
+		}
+	}
+	return false
+}
+
+// awaitDependentsFrozen waits until every member that depends on member
+// is frozen, or the unit failed, or ctx ends.
+func (u *unit) awaitDependentsFrozen(ctx context.Context, member string) error {
+	u.mu.Lock()
+	return u.await(ctx, func() bool {
+		for _, d := range u.dependents[member] {
+			if !u.frozen[d] {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// markFrozen records that member is frozen.
+func (u *unit) markFrozen(member string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.frozen[member] = true
+	u.changed.notify()
 }
 
 // arrive records that a member reached s (with its state's size at the
@@ -58,13 +116,20 @@ func (u *unit) arrive(ctx context.Context, s stage, bytes int64) error {
 		}
 	}
 	u.changed.notify()
+	return u.await(ctx, func() bool { return u.arrived[s] >= len(u.members) })
+}
+
+// await waits until ready (called with u.mu held) is true, or a member
+// failed, or ctx ends (which fails the unit). It is called with u.mu held
+// and returns with it released.
+func (u *unit) await(ctx context.Context, ready func() bool) error {
 	for {
 		if u.failed != nil {
 			err := u.failed
 			u.mu.Unlock()
 			return fmt.Errorf("group %s moves as one and %w", u.group, err)
 		}
-		if u.arrived[s] >= len(u.members) {
+		if ready() {
 			u.mu.Unlock()
 			return nil
 		}
@@ -127,6 +192,15 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 	}
 	var outs []*outgoing
 	u := newUnit(group, names)
+	after := map[string][]string{}
+	a.mu.Lock()
+	for _, n := range names {
+		if c := a.containers[n]; c != nil {
+			after[n] = c.meta.After
+		}
+	}
+	a.mu.Unlock()
+	u.orderFreeze(after)
 	u.commit = func() error {
 		if err := a.journal.CommitUnit(u.id); err != nil {
 			return err

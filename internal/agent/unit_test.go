@@ -127,3 +127,47 @@ func TestUnitRecordsCommit(t *testing.T) {
 		}
 	}
 }
+
+// A member freezes only after the members that depend on it; a member
+// nothing depends on, or one in a dependency cycle, does not wait; a
+// failure releases the waiters with its reason.
+func TestUnitFreezeOrder(t *testing.T) {
+	u := newUnit("app", []string{"cache", "db", "web"})
+	u.orderFreeze(map[string][]string{"web": {"db", "cache", "elsewhere"}, "cache": {"db"}})
+	ctx := context.Background()
+	if err := u.awaitDependentsFrozen(ctx, "web"); err != nil {
+		t.Fatalf("web has no dependents: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- u.awaitDependentsFrozen(ctx, "db") }()
+	for _, m := range []string{"web", "cache"} {
+		select {
+		case err := <-done:
+			t.Fatalf("db went on before %s froze: %v", m, err)
+		case <-time.After(30 * time.Millisecond):
+		}
+		u.markFrozen(m)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+
+	cyc := newUnit("cyc", []string{"a", "b"})
+	cyc.orderFreeze(map[string][]string{"a": {"b"}, "b": {"a"}})
+	for _, m := range []string{"a", "b"} {
+		wctx, cancel := context.WithTimeout(ctx, time.Second)
+		if err := cyc.awaitDependentsFrozen(wctx, m); err != nil {
+			t.Fatalf("%s in a cycle waits: %v", m, err)
+		}
+		cancel()
+	}
+
+	f := newUnit("app", []string{"db", "web"})
+	f.orderFreeze(map[string][]string{"web": {"db"}})
+	go func() { done <- f.awaitDependentsFrozen(ctx, "db") }()
+	time.Sleep(20 * time.Millisecond)
+	f.fail("web", errors.New("freeze failed"))
+	if err := <-done; err == nil || !strings.Contains(err.Error(), "freeze failed") {
+		t.Fatalf("after web failed: %v", err)
+	}
+}

@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"sync"
 	"time"
 )
 
@@ -288,6 +289,34 @@ func (c *Client) StartMigration(ctx context.Context, name string, r MigrateReque
 func (c *Client) StartGroupMigration(ctx context.Context, group string, r MigrateRequest) ([]Job, error) {
 	var js []Job
 	return js, c.Do(ctx, http.MethodPost, "/v1/groups/"+url.PathEscape(group)+"/migrations", r, &js)
+}
+
+// MigrateGroup starts moving group as StartGroupMigration does and
+// follows every member's job to its end. It returns the jobs as they
+// ended, one per member; a job that could not be followed to its end
+// (it goes on on the agent) is an error naming it.
+func (c *Client) MigrateGroup(ctx context.Context, group string, r MigrateRequest) ([]Job, error) {
+	jobs, err := c.StartGroupMigration(ctx, group, r)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]Job, len(jobs))
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			done, err := c.FollowJob(ctx, j.ID, nil)
+			if err != nil {
+				errs[i] = fmt.Errorf("migration %s of %s: %w (it goes on on the agent; see 'edgehop migrations')", j.ID, j.Container, err)
+				return
+			}
+			out[i] = done
+		}()
+	}
+	wg.Wait()
+	return out, errors.Join(errs...)
 }
 
 // Job returns one migration job, running or ended.

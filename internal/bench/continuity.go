@@ -228,6 +228,34 @@ func upTestbed(ctx context.Context, cfg Config, log *slog.Logger) (*env, func() 
 	return e, down, nil
 }
 
+// warmTestbed brings up the benchmarks' testbed (upTestbed) on the given
+// links, with image img built if the cache lacks it and unpacked on both
+// nodes, so that no migration pays for unpacking it at its destination.
+func warmTestbed(ctx context.Context, root, binary, imageRoot string, nodeLink, clientLink testbed.Link, img string, log *slog.Logger) (*env, func() error, error) {
+	bc := DefaultConfig()
+	bc.Root, bc.Binary, bc.ImageRoot, bc.Log = root, binary, imageRoot, log
+	bc.NodeLink, bc.ClientLink = nodeLink, clientLink
+	if err := ensureImage(ctx, bc, img); err != nil {
+		return nil, nil, err
+	}
+	e, down, err := upTestbed(ctx, bc, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	for i := range e.st.Nodes {
+		if err := e.warm(ctx, i, img); err != nil {
+			return nil, nil, errors.Join(err, down())
+		}
+	}
+	return e, down, nil
+}
+
+// testbedInfo describes the testbed's links for a report.
+func (e *env) testbedInfo() TestbedInfo {
+	return TestbedInfo{Name: e.st.Name, NodeRateBps: e.cfg.NodeLink.RateBps, NodeDelayMs: ms(e.cfg.NodeLink.Delay),
+		ClientRateBps: e.cfg.ClientLink.RateBps, ClientDelayMs: ms(e.cfg.ClientLink.Delay)}
+}
+
 // ensureImage builds a built-in image when the cache lacks it.
 func ensureImage(ctx context.Context, cfg Config, name string) error {
 	if _, err := image.Resolve(cfg.ImageRoot, name); err == nil {

@@ -168,26 +168,12 @@ func RunPersistence(ctx context.Context, cfg PersistenceConfig) (rep *Persistenc
 	}
 	log := orDiscard(cfg.Log)
 	started := time.Now()
-	bc := DefaultConfig()
-	bc.Root, bc.Binary, bc.ImageRoot, bc.Log = cfg.Root, cfg.Binary, cfg.ImageRoot, log
-	bc.NodeLink, bc.ClientLink = cfg.NodeLink, cfg.ClientLink
-	if err := ensureImage(ctx, bc, image.Services); err != nil {
-		return nil, err
-	}
-	e, down, err := upTestbed(ctx, bc, log)
+	e, down, err := warmTestbed(ctx, cfg.Root, cfg.Binary, cfg.ImageRoot, cfg.NodeLink, cfg.ClientLink, image.Services, log)
 	if err != nil {
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, down()) }()
-	rep = &PersistenceReport{Quick: cfg.Quick, Testbed: TestbedInfo{Name: e.st.Name,
-		NodeRateBps: cfg.NodeLink.RateBps, NodeDelayMs: ms(cfg.NodeLink.Delay),
-		ClientRateBps: cfg.ClientLink.RateBps, ClientDelayMs: ms(cfg.ClientLink.Delay)}}
-	// Neither method should pay for unpacking the image at the destination.
-	for i := range e.st.Nodes {
-		if err := e.warm(ctx, i); err != nil {
-			return nil, err
-		}
-	}
+	rep = &PersistenceReport{Quick: cfg.Quick, Testbed: e.testbedInfo()}
 	for _, size := range cfg.sizes() {
 		rows, err := e.persistenceSize(ctx, cfg, size)
 		for _, r := range rows {
@@ -502,6 +488,17 @@ func (p *pinger) stopAfterReply(ctx context.Context, timeout time.Duration) (tim
 	return p.maxGap, nil
 }
 
+// writeGoals prints one line per goal.
+func writeGoals(b *strings.Builder, goals []Goal) {
+	for _, g := range goals {
+		m := "not measured"
+		if g.Measured != nil {
+			m = fmt.Sprintf("%.2f", *g.Measured)
+		}
+		fmt.Fprintf(b, "goal %-60s %-10s measured %s met=%v\n", g.Name, g.Target, m, g.Met)
+	}
+}
+
 // persistenceGoals: at every size, each live migration's downtime beats
 // persistence's.
 func persistenceGoals(rows []PersistenceRow) []Goal {
@@ -540,13 +537,7 @@ func (r *PersistenceReport) WriteText(w io.Writer) error {
 		fmt.Fprintf(&b, "%7d  %-30s %8d %12.1f %10.1f %10.1f %12s %9s  %s\n", row.SizeMB, row.Method, row.Keys, row.DowntimeMs, row.EngineDowntimeMs, row.TotalMs,
 			units.FormatSize(row.BytesOnWire), vs, what)
 	}
-	for _, g := range r.Goals {
-		m := "not measured"
-		if g.Measured != nil {
-			m = fmt.Sprintf("%.2f", *g.Measured)
-		}
-		fmt.Fprintf(&b, "goal %-60s %-10s measured %s met=%v\n", g.Name, g.Target, m, g.Met)
-	}
+	writeGoals(&b, r.Goals)
 	fmt.Fprintf(&b, "elapsed %.0f s\n", r.ElapsedS)
 	_, err := io.WriteString(w, b.String())
 	return err

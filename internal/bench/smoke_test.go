@@ -155,13 +155,6 @@ func TestSoakSmoke(t *testing.T) {
 	}
 }
 
-func tail(s string, n int) string {
-	if len(s) > n {
-		return s[len(s)-n:]
-	}
-	return s
-}
-
 // TestPersistenceSmoke runs `edgehop bench persistence --sizes 8 --json`:
 // a Redis holding 8 MB moved with stop-and-copy and post-copy (its client's
 // connection kept) and with Redis's own save/copy/restart/load, every
@@ -223,4 +216,57 @@ func edgehopBin(t *testing.T) string {
 		t.Fatalf("build edgehop: %v\n%s", err, out)
 	}
 	return bin
+}
+
+// TestCloudhopperSmoke runs `edgehop bench cloudhopper` idle and at 10
+// clients with short load windows: WordPress and MariaDB (a database
+// holding file locks, a web tier of many processes opening a database
+// connection per request) migrate as one group under wrk's writes with no
+// failed or non-2xx request and every acknowledged write stored.
+func TestCloudhopperSmoke(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter", "wrk")
+	bin := edgehopBin(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, bin, "bench", "cloudhopper", "--clients", "0,10", "--warmup", "3s", "--tail", "2s", "--json",
+		"--root", filepath.Join(t.TempDir(), "root"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("bench cloudhopper: %v\nstderr: %s\nstdout: %s", err, tail(stderr.String(), 2000), stdout.String())
+	}
+	var raw struct {
+		Runs []map[string]json.RawMessage `json:"runs"`
+	}
+	if err := json.Unmarshal(stdout.Bytes(), &raw); err != nil || len(raw.Runs) != 2 {
+		t.Fatalf("output (%v): %s", err, stdout.String())
+	}
+	for _, k := range []string{"clients", "downtime_ms", "total_ms", "failed_requests", "non_2xx", "max_latency_ms"} {
+		if _, ok := raw.Runs[0][k]; !ok {
+			t.Errorf("runs have no %q", k)
+		}
+	}
+	var rep CloudhopperReport
+	if err := json.Unmarshal(stdout.Bytes(), &rep); err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range rep.Runs {
+		t.Logf("%d clients: downtime %.1f ms, total %.1f ms, %d requests (%d failed, %d not 2xx), slowest %.1f ms, probe %.1f ms, writes %d/%d, %d bytes",
+			r.Clients, r.DowntimeMs, r.TotalMs, r.Requests, r.FailedRequests, r.NonOK, r.MaxLatencyMs, r.ProbeMaxMs, r.WritesStored, r.WritesAcked, r.BytesOnWire)
+		want := []int{0, 10}[i]
+		if r.Clients != want || !r.OK || len(r.Members) != 2 || r.DowntimeMs <= 0 || r.TotalMs < r.DowntimeMs || r.BytesOnWire <= 0 ||
+			r.FailedRequests != 0 || r.NonOK != 0 || r.ProbeErrors != 0 || r.ProbeRequests == 0 || !r.DataOK {
+			t.Errorf("run %d: %+v", i, r)
+		}
+		if want > 0 && (r.Requests == 0 || r.WritesAcked == 0 || r.MaxLatencyMs <= 0) {
+			t.Errorf("%d clients: %d requests, %d writes acknowledged, slowest %.1f ms: the load did not run", want, r.Requests, r.WritesAcked, r.MaxLatencyMs)
+		}
+	}
+	if rep.Runs[0].From == rep.Runs[1].From {
+		t.Errorf("both runs migrated from %s: the group did not move", rep.Runs[0].From)
+	}
+	if left, _ := filepath.Glob(linux.NetNSPath("eh-" + rep.Testbed.Name + "-*")); rep.Testbed.Name == "" || len(left) > 0 {
+		t.Errorf("testbed %q: namespaces left behind: %v", rep.Testbed.Name, left)
+	}
 }

@@ -24,7 +24,7 @@ func (e *env) sweep(ctx context.Context, pm *podman, perr error) ([]SweepRow, er
 	// image. Unpack it on both of edgehop's nodes before measuring, so
 	// neither path pays for the image inside a migration.
 	for i := range e.st.Nodes {
-		if err := e.warm(ctx, i); err != nil {
+		if err := e.warm(ctx, i, image.Services); err != nil {
 			return nil, err
 		}
 	}
@@ -121,16 +121,16 @@ func (e *env) sweepEdgehop(ctx context.Context, size int) (rows []SweepRow, err 
 	return rows, nil
 }
 
-// warm makes node i unpack the services image by running and removing a
-// container of it.
-func (e *env) warm(ctx context.Context, i int) error {
+// warm makes node i unpack image img by running and removing a container
+// of it.
+func (e *env) warm(ctx context.Context, i int, img string) error {
 	const name = "warm"
 	c := e.agents[e.node(i).Name]
-	if _, err := c.Run(ctx, api.RunRequest{Name: name, Image: image.Services, Args: []string{"true"}}); err != nil {
-		return fmt.Errorf("unpack services image on %s: %w", e.node(i).Name, err)
+	if _, err := c.Run(ctx, api.RunRequest{Name: name, Image: img, Args: []string{"true"}}); err != nil {
+		return fmt.Errorf("unpack image %s on %s: %w", img, e.node(i).Name, err)
 	}
 	if err := c.Remove(ctx, name); err != nil {
-		return fmt.Errorf("unpack services image on %s: %w", e.node(i).Name, err)
+		return fmt.Errorf("unpack image %s on %s: %w", img, e.node(i).Name, err)
 	}
 	return nil
 }

@@ -28,20 +28,6 @@ const DefaultMirror = "http://deb.debian.org/debian"
 // DefaultPath is the PATH of the built-in images.
 const DefaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
-// ServicePackages are installed into the services image.
-var ServicePackages = []string{"redis-server", "memcached", "mosquitto"}
-
-// mosquittoConf is added to Debian's unmodified mosquitto configuration
-// as /etc/mosquitto/conf.d/edgehop.conf: the broker listens on every
-// address without credentials, as the migration scenarios need. Debian's
-// own file stays as packaged: a pid file in /run/mosquitto, persistence
-// in /var/lib/mosquitto, a log file, and the broker dropping to user
-// mosquitto.
-const mosquittoConf = `# edgehop services image: reachable from other hosts, no authentication.
-listener 1883 0.0.0.0
-allow_anonymous true
-`
-
 // ErrUnknownImage is returned by Build for a name it has no recipe for.
 var ErrUnknownImage = errors.New("no built-in image of that name")
 
@@ -80,7 +66,8 @@ type Result struct {
 	Duration time.Duration `json:"duration_ns"`
 }
 
-// Build makes the built-in image name (Probe or Services) in the cache.
+// Build makes the built-in image name (Probe, or one of the Debian images:
+// Services, WordPress) in the cache.
 // When the cache already has it, Build does nothing unless opts.Force is
 // set; for Probe, whose build is deterministic, a cached image counts only
 // if it has the digest the current probe binary gives. Concurrent builds of
@@ -88,7 +75,8 @@ type Result struct {
 func Build(ctx context.Context, name string, opts BuildOptions) (Result, error) {
 	opts = opts.withDefaults()
 	start := time.Now()
-	if name != Probe && name != Services {
+	deb, isDebian := debianImages[name]
+	if name != Probe && !isDebian {
 		return Result{}, fmt.Errorf("build %q: %w (have %s)", name, ErrUnknownImage, strings.Join(Builtins(), ", "))
 	}
 	release, err := lockName(ctx, opts.Root, name)
@@ -101,7 +89,7 @@ func Build(ctx context.Context, name string, opts BuildOptions) (Result, error) 
 	if name == Probe {
 		res, err = buildProbe(ctx, opts)
 	} else {
-		res, err = buildServices(ctx, opts)
+		res, err = buildDebian(ctx, deb, opts)
 	}
 	if err != nil {
 		return Result{}, fmt.Errorf("build %s: %w", name, err)

@@ -22,10 +22,14 @@ const DefaultRoot = "/var/lib/edgehop/images"
 const (
 	Probe    = "probe"    // the static continuity probe at /probe
 	Services = "services" // Debian bookworm with redis-server, memcached and mosquitto
+	// WordPress is Debian bookworm with wordpress, apache2 (mod_php) and
+	// mariadb-server: CloudHopper's web and database tiers, run as two
+	// containers of one group (see wordpress.go).
+	WordPress = "wordpress"
 )
 
 // Builtins lists the images Build knows how to make.
-func Builtins() []string { return []string{Probe, Services} }
+func Builtins() []string { return []string{Probe, Services, WordPress} }
 
 var (
 	// ErrNotFound is returned when no image of that name is in the cache.

@@ -145,6 +145,55 @@ func OpenPagemap(pid int) (*Pagemap, error) {
 // Close releases the pagemap.
 func (p *Pagemap) Close() error { return p.f.Close() }
 
+// ShmemDataRanges appends to dst the ranges of pid's shared memory
+// mapping [start, end), at offset off of its shmem object (anonymous
+// shared memory, System V shm, a memfd), whose pages hold data: those the
+// object has in memory or swap, whether or not pid has touched them
+// (SEEK_DATA on /proc/PID/map_files). CRIU dumps these; the pagemap shows
+// only the pages mapped in pid's page tables, which after a restore (CRIU
+// fills the object without mapping its pages in the processes) may be
+// few. Adjacent pages come merged. Needs CAP_SYS_ADMIN.
+func ShmemDataRanges(pid int, start, end, off uint64, dst []MemRange) ([]MemRange, error) {
+	if start%4096 != 0 || end%4096 != 0 || end < start || off%4096 != 0 {
+		return dst, fmt.Errorf("shmem: bad range %#x-%#x at %#x", start, end, off)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/map_files/%x-%x", pid, start, end))
+	if err != nil {
+		return dst, err
+	}
+	defer f.Close()
+	fd := int(f.Fd())
+	limit := off + (end - start)
+	for pos := off; pos < limit; {
+		d, err := unix.Seek(fd, int64(pos), unix.SEEK_DATA)
+		if errors.Is(err, unix.ENXIO) { // no data at or past pos
+			break
+		}
+		if err != nil {
+			return dst, fmt.Errorf("shmem of %d at %#x: seek data: %w", pid, start, err)
+		}
+		if uint64(d) >= limit {
+			break
+		}
+		h, err := unix.Seek(fd, d, unix.SEEK_HOLE)
+		if err != nil {
+			return dst, fmt.Errorf("shmem of %d at %#x: seek hole: %w", pid, start, err)
+		}
+		lo, hi := uint64(d)&^4095, min((uint64(h)+4095)&^4095, limit)
+		if hi <= lo { // a hole at d: SEEK_DATA and SEEK_HOLE raced a change
+			break
+		}
+		r := MemRange{Start: start + lo - off, End: start + hi - off}
+		if k := len(dst); k > 0 && dst[k-1].End == r.Start {
+			dst[k-1].End = r.End
+		} else {
+			dst = append(dst, r)
+		}
+		pos = hi
+	}
+	return dst, nil
+}
+
 // DataRanges appends to dst the ranges of pages within [start, end) that
 // hold data of their own: present or swapped out, and for a private
 // mapping (shared false) neither a page-cache page of the mapped file

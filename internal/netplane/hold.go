@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,7 +58,7 @@ type Packet struct {
 // PREROUTING and OUTPUT, before CRIU's lock chain in filter INPUT, so held
 // packets meet the chain only if released while it is still there.
 func Hold(nsPath string) (*Holder, error) {
-	return hold(nsPath, holdQueue, holdRules, false)
+	return hold(nsPath, holdQueue, holdRules, false, nil)
 }
 
 // HoldNew starts holding the connection requests (TCP SYNs) that enter
@@ -66,11 +68,15 @@ func Hold(nsPath string) (*Holder, error) {
 // in its handshake would be lost). Close lets them in (the service stays
 // here); once the service lives elsewhere, Kept gives them to forward
 // there (Plane.SendOverlay) and Drop discards the originals.
-func HoldNew(nsPath string) (*Holder, error) {
-	return hold(nsPath, synQueue, synRules, true)
+//
+// Requests from the addresses in exempt (the other members of a group
+// moving with the service, which freeze after it or before it in their
+// own order) are let in at once.
+func HoldNew(nsPath string, exempt ...netip.Addr) (*Holder, error) {
+	return hold(nsPath, synQueue, synRules, true, exempt)
 }
 
-func hold(nsPath string, queue uint16, rules []string, keep bool) (*Holder, error) {
+func hold(nsPath string, queue uint16, rules []string, keep bool, exempt []netip.Addr) (*Holder, error) {
 	ns, err := linux.OpenNetNS(nsPath)
 	if err != nil {
 		return nil, err
@@ -100,6 +106,10 @@ func hold(nsPath string, queue uint16, rules []string, keep bool) (*Holder, erro
 	h.cancel = cancel
 	err = h.nf.RegisterWithErrorFunc(ctx, func(a nfqueue.Attribute) int {
 		if a.PacketID == nil {
+			return 0
+		}
+		if len(exempt) > 0 && a.Payload != nil && slices.Contains(exempt, ipv4Source(*a.Payload)) {
+			_ = h.nf.SetVerdict(*a.PacketID, nfqueue.NfAccept)
 			return 0
 		}
 		h.mu.Lock()
@@ -143,6 +153,15 @@ var holdRules = []string{
 // synRules are HoldNew's: connection requests entering on eth0.
 var synRules = []string{
 	"PREROUTING -i eth0 -p tcp --syn -j NFQUEUE --queue-num " + fmt.Sprint(synQueue),
+}
+
+// ipv4Source is an IPv4 packet's source address (the zero Addr for
+// anything else).
+func ipv4Source(p []byte) netip.Addr {
+	if len(p) < 20 || p[0]>>4 != 4 {
+		return netip.Addr{}
+	}
+	return netip.AddrFrom4([4]byte(p[12:16]))
 }
 
 func holdRule(nsPath, op string, rules []string) error {
@@ -256,27 +275,40 @@ func Pending(nsPath string) (handshaking, queued int, err error) {
 	return pending(h, nsPath)
 }
 
-// WaitSettled polls Pending every millisecond, through one netlink
-// socket, until nothing is pending (counting the connections in their
-// handshake only with handshakes) or max has passed; it returns the last
-// counts.
-func WaitSettled(nsPath string, max time.Duration, handshakes bool) (handshaking, queued int, err error) {
+// WaitSettled polls Pending, through one netlink socket, until nothing
+// is pending (counting the connections in their handshake only with
+// handshakes), or the count has not gone below its lowest for stall (the
+// service is not accepting), or max has passed; it returns the last
+// counts. A loaded service draining a long accept queue keeps it waiting
+// as long as the queue shrinks. It polls every millisecond, and every
+// 10 ms once stall has passed.
+func WaitSettled(nsPath string, stall, max time.Duration, handshakes bool) (handshaking, queued int, err error) {
 	h, err := diagHandle(nsPath)
 	if err != nil {
 		return 0, 0, err
 	}
 	defer h.Close()
-	deadline := time.Now().Add(max)
+	start := time.Now()
+	deadline := start.Add(max)
+	lowest, progress := -1, start
 	for {
 		handshaking, queued, err = pending(h, nsPath)
 		left := queued
 		if handshakes {
 			left += handshaking
 		}
-		if err != nil || left == 0 || !time.Now().Before(deadline) {
+		now := time.Now()
+		if lowest < 0 || left < lowest {
+			lowest, progress = left, now
+		}
+		if err != nil || left == 0 || !now.Before(deadline) || now.Sub(progress) >= stall {
 			return handshaking, queued, err
 		}
-		time.Sleep(time.Millisecond)
+		if now.Sub(start) < stall {
+			time.Sleep(time.Millisecond)
+		} else {
+			time.Sleep(10 * time.Millisecond)
+		}
 	}
 }
 

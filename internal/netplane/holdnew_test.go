@@ -2,6 +2,7 @@ package netplane
 
 import (
 	"net"
+	"net/netip"
 	"strings"
 	"testing"
 	"time"
@@ -104,6 +105,27 @@ func TestHoldNewAndPending(t *testing.T) {
 			t.Errorf("%s: hold rule left behind", release)
 		}
 	}
+
+	// A request from an exempt address (another member of the group)
+	// goes through at once; the hold stays for everyone else.
+	h, err := HoldNew(p.svcNS, netip.MustParseAddr("10.232.0.9"), netip.MustParseAddr("10.232.0.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-dial():
+		if err != nil {
+			t.Fatalf("exempt client: %v", err)
+		}
+	case <-time.After(900 * time.Millisecond):
+		t.Fatal("a request from an exempt address was held")
+	}
+	if n := len(h.Kept()); n != 0 {
+		t.Fatalf("kept %d requests from an exempt address", n)
+	}
+	if err := h.Close(); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func synHolding(ns string) bool {
@@ -138,11 +160,12 @@ func tcpChecksumOK(ip []byte) bool {
 	return sum == 0xffff
 }
 
-// WaitSettled returns at once when nothing is pending, and waits out its
-// bound for a connection nobody accepts (counted as queued).
+// WaitSettled returns at once when nothing is pending, gives up on a
+// connection nobody accepts (counted as queued) once the count stalled,
+// and waits past its stall bound while a slow service drains its queue.
 func TestWaitSettled(t *testing.T) {
 	p := newHoldPair(t)
-	if hs, q, err := WaitSettled(p.svcNS, time.Second, true); err != nil || hs+q != 0 {
+	if hs, q, err := WaitSettled(p.svcNS, time.Second, time.Second, true); err != nil || hs+q != 0 {
 		t.Fatalf("nothing pending: %d, %d, %v", hs, q, err)
 	}
 	var ln net.Listener
@@ -163,7 +186,37 @@ func TestWaitSettled(t *testing.T) {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	if _, q, err := WaitSettled(p.svcNS, 50*time.Millisecond, false); err != nil || q != 1 || time.Since(start) < 50*time.Millisecond {
-		t.Fatalf("an unaccepted connection: queued %d, %v after %v; want 1 after the whole bound", q, err, time.Since(start))
+	if _, q, err := WaitSettled(p.svcNS, 50*time.Millisecond, 10*time.Second, false); err != nil || q != 1 ||
+		time.Since(start) < 50*time.Millisecond || time.Since(start) > 5*time.Second {
+		t.Fatalf("an unaccepted connection: queued %d, %v after %v; want 1 once the count stalled for 50ms", q, err, time.Since(start))
+	}
+
+	// Nine more queued, accepted one every 40 ms: longer than the stall
+	// bound in all, never stalled for it.
+	for range 9 {
+		if err := linux.InNetNS(p.cliNS, func() error {
+			c, err := net.DialTimeout("tcp4", ln.Addr().String(), 5*time.Second)
+			if err == nil {
+				t.Cleanup(func() { c.Close() })
+			}
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	go func() {
+		for range 10 {
+			time.Sleep(40 * time.Millisecond)
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { c.Close() })
+		}
+	}()
+	start = time.Now()
+	_, q, err := WaitSettled(p.svcNS, 100*time.Millisecond, 10*time.Second, false)
+	if took := time.Since(start); err != nil || q != 0 || took < 300*time.Millisecond {
+		t.Fatalf("a queue drained slowly: queued %d, %v after %v; want 0 after about 400ms", q, err, took)
 	}
 }

@@ -71,12 +71,13 @@ type mapping struct {
 	// shared is a shared anonymous mapping (MAP_SHARED|MAP_ANONYMOUS or
 	// System V shared memory), which CRIU dumps once as shmem pages.
 	shared bool
+	offset uint64 // in the mapped object
 }
 
 // dataMappings lists pid's mappings whose pages CRIU dumps and that can
 // be read without stopping the process: readable private mappings
 // (anonymous, and private file mappings, of which only the pages written
-// since count) and readable shared anonymous mappings. It leaves out
+// since count) and readable shared anonymous mappings and memfds. It leaves out
 // [vvar], [vdso] and [vsyscall], shared file mappings (their data is the
 // file), and mappings without read permission (process_vm_readv cannot
 // read them; the final round sends their pages).
@@ -123,7 +124,11 @@ func parseMapsLine(line string) (mapping, bool, error) {
 		return mapping{}, false, fmt.Errorf("bad permissions in %q", line)
 	}
 	path := strings.Join(fields[5:], " ")
-	m := mapping{MemRange: linux.MemRange{Start: start, End: end}}
+	off, err := strconv.ParseUint(fields[2], 16, 64)
+	if err != nil || off%PageSize != 0 {
+		return mapping{}, false, fmt.Errorf("bad offset in %q", line)
+	}
+	m := mapping{MemRange: linux.MemRange{Start: start, End: end}, offset: off}
 	if perms[0] != 'r' {
 		return m, false, nil
 	}
@@ -134,8 +139,12 @@ func parseMapsLine(line string) (mapping, bool, error) {
 	if perms[3] == 'p' {
 		return m, true, nil
 	}
-	// Shared: only anonymous shared memory holds data of its own.
+	// Shared: only anonymous shared memory holds data of its own. CRIU
+	// dumps memfd contents as shmem pages too, and restores a shared
+	// anonymous mapping as a memfd ("/memfd:/dev/zero (deleted)"): a
+	// service migrated once has its shared memory there.
 	m.shared = true
-	anon := path == "/dev/zero (deleted)" || strings.HasPrefix(path, "/SYSV") || strings.HasPrefix(path, "[anon_shmem")
+	anon := path == "/dev/zero (deleted)" || strings.HasPrefix(path, "/SYSV") || strings.HasPrefix(path, "[anon_shmem") ||
+		strings.HasPrefix(path, "/memfd:")
 	return m, anon, nil
 }

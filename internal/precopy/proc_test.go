@@ -33,6 +33,9 @@ func TestParseMapsLine(t *testing.T) {
 		{"ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0                  [vsyscall]", false, false},
 		{"7f1c29000000-7f1c2a000000 rw-s 00000000 00:01 2048                       /dev/zero (deleted)", true, true},
 		{"7f1c28000000-7f1c29000000 rw-s 00000000 00:01 5                          /SYSV0000002a (deleted)", true, true},
+		// What CRIU restores a shared anonymous mapping as, and any memfd.
+		{"417ba000-497ba000 rw-s 00000000 00:01 11491                              /memfd:/dev/zero (deleted)", true, true},
+		{"7f1c26000000-7f1c27000000 rw-s 00000000 00:01 77                         /memfd:wayland-shm (deleted)", true, true},
 		{"7f1c27000000-7f1c28000000 rw-s 00000000 fe:01 99                         /var/lib/data file with spaces", false, true},
 	}
 	for _, tt := range tests {

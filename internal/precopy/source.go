@@ -329,6 +329,19 @@ func dataRanges(pid int, dst []linux.MemRange) ([]linux.MemRange, error) {
 	}
 	defer pm.Close()
 	for _, m := range maps {
+		if m.shared {
+			// Every page of the shared object CRIU will dump, not only
+			// those this process has mapped; the pagemap when the
+			// object cannot be opened.
+			n := len(dst)
+			if dst, err = linux.ShmemDataRanges(pid, m.Start, m.End, m.offset, dst); err == nil {
+				continue
+			}
+			if exited(err) {
+				return dst, err
+			}
+			dst = dst[:n]
+		}
 		if dst, err = pm.DataRanges(m.Start, m.End, m.shared, dst); err != nil {
 			return dst, fmt.Errorf("pages of %d: %w", pid, err)
 		}
