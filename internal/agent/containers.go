@@ -410,10 +410,10 @@ func (a *Agent) writeMeta(m meta) error {
 // logged, as it runs on failure paths.
 func (a *Agent) destroy(ctx context.Context, name string) error {
 	var errs []error
-	if _, err := a.rt.State(ctx, name); err == nil {
-		if err := a.rt.Delete(ctx, name, true); err != nil {
-			errs = append(errs, err)
-		}
+	// Whatever state runc has of it (a restore killed midway leaves one
+	// runc state cannot read), force-delete it.
+	if err := a.rt.Delete(ctx, name, true); err != nil && !errors.Is(err, runc.ErrNotFound) {
+		errs = append(errs, err)
 	}
 	errs = append(errs, a.plane.Detach(name))
 	errs = append(errs, linux.Unmount(a.rootfs(name)))

@@ -599,7 +599,13 @@ func (in *incoming) destroy(ctx context.Context) error {
 		dirs = append(dirs, filepath.Base(p))
 	}
 	for _, d := range dirs {
-		if rerr := os.RemoveAll(filepath.Join(a.scratchDir(), d)); rerr != nil {
+		// A CRIU restore killed midway leaves its cgroup yard mounted
+		// in its work directory.
+		dir := filepath.Join(a.scratchDir(), d)
+		if rerr := linux.UnmountUnder(dir); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+		if rerr := os.RemoveAll(dir); rerr != nil {
 			err = errors.Join(err, rerr)
 		}
 	}

@@ -23,7 +23,13 @@
 // (journal.CommitUnit) before any member commits, so a source agent
 // restarted between its members' commits hands every member over rather
 // than rolling some back (lazy strategies excepted: their pages died with
-// the dump).
+// the dump). Past the first barrier a member freezes only once the
+// members that depend on it (name it in their After) are frozen, and the
+// members' connection requests to each other are not held: a web tier
+// that opens a database connection per request has it accepted before
+// the database freezes, and no connection between them is half-made at
+// either dump. CRIU dumps and restores file locks (a database's fcntl
+// locks on its data files).
 //
 // # The frozen window
 //

@@ -129,13 +129,14 @@ type CloudhopperRun struct {
 	// the downtime a client sees.
 	ProbeRequests int     `json:"probe_requests"`
 	ProbeErrors   int     `json:"probe_errors"`
+	ProbeError    string  `json:"probe_error,omitempty"` // the first
 	ProbeMaxMs    float64 `json:"probe_max_ms"`
 	// WritesAcked: objects the load generator was told were created
 	// (201); WritesStored: how many more posts, comments, categories,
 	// tags and users WordPress lists after the run than before. DataOK:
 	// no acknowledged write is missing, and no more are stored than
 	// could have been in flight when wrk stopped (one per connection;
-	// the load only reads for its last 5 s, so normally none).
+	// the load only reads for its last seconds, so normally none).
 	WritesAcked  int64 `json:"writes_acked"`
 	WritesStored int64 `json:"writes_stored"`
 	DataOK       bool  `json:"data_ok"`
@@ -409,6 +410,9 @@ func (e *env) cloudhopperRun(ctx context.Context, cfg CloudhopperConfig, app *wp
 	}
 	run.MaxLatencyMs, run.P50LatencyMs, run.P99LatencyMs = float64(ws.MaxUs)/1000, float64(ws.P50Us)/1000, float64(ws.P99Us)/1000
 	run.ProbeRequests, run.ProbeErrors, run.ProbeMaxMs = ps.requests, ps.errors, ms(ps.max)
+	if ps.first != nil {
+		run.ProbeError = ps.first.Error()
+	}
 	after, err := app.totals(ctx)
 	if err != nil {
 		return run, fmt.Errorf("after the migration: %w", err)
@@ -446,6 +450,7 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 // probeStats is what the availability probe saw.
 type probeStats struct {
 	requests, errors int
+	first            error
 	max              time.Duration
 }
 
@@ -467,6 +472,9 @@ func (a *wpApp) probe(ctx context.Context, period time.Duration) probeStats {
 		st.requests++
 		if err != nil {
 			st.errors++
+			if st.first == nil {
+				st.first = fmt.Errorf("at %s: %w", t.Format("15:04:05.000"), err)
+			}
 		}
 		st.max = max(st.max, time.Since(t))
 		sleepCtx(ctx, period-time.Since(t))
@@ -477,6 +485,7 @@ func (a *wpApp) probe(ctx context.Context, period time.Duration) probeStats {
 // wrkRun is a running wrk.
 type wrkRun struct {
 	stopFile string
+	clients  int
 	cmd      *exec.Cmd
 	out      bytes.Buffer
 	done     chan error
@@ -503,7 +512,7 @@ type wrkStats struct {
 // connections until stop.
 func startWrk(ctx context.Context, netns, script, target string, clients int) (*wrkRun, error) {
 	threads := min(2, clients)
-	w := &wrkRun{stopFile: filepath.Join(filepath.Dir(script), "stop"), done: make(chan error, 1)}
+	w := &wrkRun{stopFile: filepath.Join(filepath.Dir(script), "stop"), clients: clients, done: make(chan error, 1)}
 	if err := os.Remove(w.stopFile); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, err
 	}
@@ -519,8 +528,11 @@ func startWrk(ctx context.Context, netns, script, target string, clients int) (*
 }
 
 // wrkDrain is how long the workload only reads before wrk stops, for the
-// replies to its last writes to arrive.
-const wrkDrain = 5 * time.Second
+// replies to its last writes to arrive: 5 s, and 40 ms more per client
+// (two cores answer about 40 requests a second).
+func wrkDrain(clients int) time.Duration {
+	return 5*time.Second + time.Duration(clients)*40*time.Millisecond
+}
 
 // stop turns the workload to reads, waits wrkDrain, interrupts wrk (it
 // then prints its summary) and parses the script's line.
@@ -529,7 +541,7 @@ func (w *wrkRun) stop() (wrkStats, error) {
 	if err := os.WriteFile(w.stopFile, nil, 0o644); err != nil {
 		return st, err
 	}
-	time.Sleep(wrkDrain)
+	time.Sleep(wrkDrain(w.clients))
 	_ = w.cmd.Process.Signal(os.Interrupt)
 	select {
 	case err := <-w.done:

@@ -1,6 +1,9 @@
 // Package image owns edgehop's local container images: OCI image layout
 // directories in a cache (DefaultRoot/<name>), built on this machine
-// (Build: the "probe" and "services" images), imported from a user's OCI
+// (Build: the "probe" image, and Debian images made with debootstrap and
+// apt from a recipe: "services" with redis, memcached and mosquitto,
+// "wordpress" with WordPress on Apache and MariaDB, see wordpress.go),
+// imported from a user's OCI
 // layout or `docker save` tarball (Import), and unpacked into a rootfs for
 // a container (Image.Unpack).
 //

@@ -173,7 +173,7 @@ func buildDebian(ctx context.Context, d debianImage, opts BuildOptions) (res Res
 	}
 
 	// debootstrap unmounts what it mounted; make sure before packing.
-	if err := unmountUnder(rootfs); err != nil {
+	if err := linux.UnmountUnder(rootfs); err != nil {
 		return Result{}, err
 	}
 	t := time.Now()

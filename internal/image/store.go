@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/edgehop/edgehop/internal/linux"
 )
@@ -52,26 +51,9 @@ func workDir(root, name string) (string, error) {
 // killed debootstrap left mounted inside it (its /proc, /sys or /dev), so
 // RemoveAll never walks into a live filesystem.
 func removeWorkDir(dir string) error {
-	if err := unmountUnder(dir); err != nil {
+	if err := linux.UnmountUnder(dir); err != nil {
 		return err
 	}
 	return os.RemoveAll(dir)
 }
 
-func unmountUnder(dir string) error {
-	mounts, err := linux.MountsUnder(dir)
-	if err != nil {
-		return fmt.Errorf("list mounts under %s: %w", dir, err)
-	}
-	var errs []error
-	for _, m := range mounts {
-		errs = append(errs, linux.Unmount(m))
-	}
-	if err := errors.Join(errs...); err != nil {
-		return err
-	}
-	if left, _ := linux.MountsUnder(dir); len(left) > 0 {
-		return fmt.Errorf("still mounted under %s: %s", dir, strings.Join(left, ", "))
-	}
-	return nil
-}

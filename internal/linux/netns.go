@@ -245,6 +245,26 @@ func unescapeMount(s string) string {
 	return r.Replace(s)
 }
 
+// UnmountUnder detaches every mount at or below dir, deepest first (as
+// MountsUnder lists them), and checks that none is left.
+func UnmountUnder(dir string) error {
+	mounts, err := MountsUnder(dir)
+	if err != nil {
+		return fmt.Errorf("list mounts under %s: %w", dir, err)
+	}
+	var errs []error
+	for _, m := range mounts {
+		errs = append(errs, Unmount(m))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	if left, _ := MountsUnder(dir); len(left) > 0 {
+		return fmt.Errorf("still mounted under %s: %s", dir, strings.Join(left, ", "))
+	}
+	return nil
+}
+
 // Unmount detaches the mount at path; not-mounted is not an error.
 func Unmount(path string) error {
 	if err := unix.Unmount(path, unix.MNT_DETACH); err != nil && !errors.Is(err, unix.EINVAL) && !errors.Is(err, unix.ENOENT) {

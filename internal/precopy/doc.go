@@ -4,15 +4,18 @@
 // what the frozen dump adds.
 //
 // Live rounds (Source.Round): the source reads every process's anonymous
-// memory with process_vm_readv (the pages CRIU would dump, found with the
-// PAGEMAP_SCAN ioctl), hashes each 4 KiB page with xxhash64 and sends the
-// pages whose hash differs from what the destination holds, as records of
-// (namespace pid, address, data) with a checksum per record. Zero pages go
-// as a flag, and a page whose content the destination already holds at
-// another address goes as a copy from there. The destination (Store)
-// keeps one sparse file per namespace pid, the page at address a stored
-// at offset a. The source remembers the hash of every page the
-// destination holds. ShouldStop decides when to stop the rounds.
+// memory with process_vm_readv (the pages CRIU would dump: found with the
+// PAGEMAP_SCAN ioctl, and for shared memory, which CRIU dumps whole
+// whether or not a process mapped a page, with SEEK_DATA on the object
+// through /proc/PID/map_files), hashes each 4 KiB page with xxhash64 and
+// sends the pages whose hash differs from what the destination holds, as
+// records of (namespace pid, address, data) with a checksum per record.
+// Zero pages go as a flag, and a page whose content the destination
+// already holds at another address goes as a copy from there. The
+// destination (Store) keeps one sparse file per namespace pid, the page
+// at address a stored at offset a. The source remembers the hash of
+// every page the destination holds. ShouldStop decides when to stop the
+// rounds.
 //
 // The final round (Source.SendFinal, Store.RebuildFinal) runs after CRIU
 // dumped the frozen container: it sends every image except the pages-*.img

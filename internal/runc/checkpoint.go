@@ -345,7 +345,7 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		args = append(args, "--manage-cgroups-mode", o.ManageCgroupsMode)
 	}
 	start := time.Now()
-	pid, err := r.start(ctx, invocation{op: "restore", id: id, args: args, criu: true, criuLog: logPath}, bundle, io)
+	pid, err := r.start(ctx, invocation{op: "restore", id: id, args: args, criu: true, criuLog: logPath, group: true}, bundle, io)
 	if err != nil {
 		return 0, err // an *Error names the op and id itself
 	}

@@ -235,3 +235,30 @@ func write(t *testing.T, path string, data []byte) {
 		t.Fatal(err)
 	}
 }
+
+// A runc killed in the middle of a restore leaves a state directory
+// without state.json, its CRIU root still mounted there: runc can neither
+// load nor delete it, and refuses a new container of that id. A forced
+// Delete removes it, so the id can be used again.
+func TestDeleteHalfMadeState(t *testing.T) {
+	r := newRuntime(t)
+	ctx := context.Background()
+	dir := filepath.Join(r.Root, "half")
+	root := filepath.Join(dir, "criu-root")
+	if err := os.MkdirAll(root, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := exec.Command("mount", "--bind", t.TempDir(), root).Run(); err != nil {
+		t.Fatalf("bind mount: %v", err)
+	}
+	t.Cleanup(func() { _ = linux.Unmount(root) })
+	if err := r.Delete(ctx, "half", true); err != nil && !errors.Is(err, runc.ErrNotFound) {
+		t.Fatalf("delete: %v", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("state directory left: %v", err)
+	}
+	if m, _ := linux.MountsUnder(dir); len(m) > 0 {
+		t.Fatalf("mounts left: %v", m)
+	}
+}

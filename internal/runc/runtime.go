@@ -14,6 +14,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // Runtime drives the runc binary for the containers whose state lives
@@ -130,6 +132,11 @@ type invocation struct {
 	extra []*os.File
 	// criu makes runc use the resolved criu binary (--criu).
 	criu bool
+	// group runs runc in a process group of its own, killed whole when
+	// ctx ends: a CRIU restore outliving a killed runc would hold the
+	// container (half restored, waiting for pages from a source that
+	// gave up) until the agent restarts.
+	group bool
 	// criuLog is the CRIU log consulted when the command fails.
 	criuLog string
 	// tmp is a private directory for runc's log (and the caller's pid
@@ -192,8 +199,12 @@ func (r *Runtime) exec(ctx context.Context, inv invocation) ([]byte, error) {
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.WaitDelay = cmdWaitDelay
-	if inv.cancel != nil {
+	switch {
+	case inv.cancel != nil:
 		cmd.Cancel = inv.cancel
+	case inv.group:
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	}
 	var stdout, stderr *os.File
 	if inv.stdio != nil {
@@ -380,6 +391,18 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 		args = append(args, "--force")
 	}
 	_, err := r.exec(ctx, invocation{op: "delete", id: id, args: args})
+	if force && id != "" && !strings.ContainsAny(id, "/\x00") && !r.stateExists(id) {
+		// A runc killed while creating or restoring leaves its state
+		// directory without state.json: runc cannot delete what it
+		// cannot load, and refuses a new container of that id.
+		// (A restore's CRIU root is still mounted there.)
+		dir := filepath.Join(r.Root, id)
+		if rerr := linux.UnmountUnder(dir); rerr != nil {
+			err = errors.Join(err, rerr)
+		} else if rerr := os.RemoveAll(dir); rerr != nil {
+			err = errors.Join(err, rerr)
+		}
+	}
 	if err == nil || errors.Is(err, ErrNotFound) {
 		r.endStreams(ctx, id)
 	}
