@@ -56,4 +56,3 @@ func removeWorkDir(dir string) error {
 	}
 	return os.RemoveAll(dir)
 }
-
