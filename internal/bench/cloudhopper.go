@@ -115,15 +115,20 @@ type CloudhopperRun struct {
 	ForwardedConnections int `json:"forwarded_connections"`
 	// The load generator's account (wrk, a new connection per request):
 	// FailedRequests are connect, read, write errors and timeouts (60 s);
-	// NonOK the replies that were not 2xx.
-	Requests       int64   `json:"requests"`
-	FailedRequests int64   `json:"failed_requests"`
-	NonOK          int64   `json:"non_2xx"`
-	NonOKSample    string  `json:"non_2xx_sample,omitempty"`
-	ThroughputRPS  float64 `json:"throughput_rps"`
-	MaxLatencyMs   float64 `json:"max_latency_ms"`
-	P50LatencyMs   float64 `json:"p50_latency_ms"`
-	P99LatencyMs   float64 `json:"p99_latency_ms"`
+	// NonOK the replies that were not 2xx. wrk times a request from its
+	// write to its reply, without the connection's setup (a request held
+	// at the SYN waits there); WrkMaxLatencyMs and the percentiles are
+	// its. MaxLatencyMs, the slowest request a client saw, is the larger
+	// of wrk's slowest and the probe's, which counts from its connect.
+	Requests        int64   `json:"requests"`
+	FailedRequests  int64   `json:"failed_requests"`
+	NonOK           int64   `json:"non_2xx"`
+	NonOKSample     string  `json:"non_2xx_sample,omitempty"`
+	ThroughputRPS   float64 `json:"throughput_rps"`
+	MaxLatencyMs    float64 `json:"max_latency_ms"`
+	WrkMaxLatencyMs float64 `json:"wrk_max_latency_ms"`
+	P50LatencyMs    float64 `json:"p50_latency_ms"`
+	P99LatencyMs    float64 `json:"p99_latency_ms"`
 	// The availability probe: a REST read (PHP and the database) on a
 	// new connection every 100 ms. At 0 clients its slowest request is
 	// the downtime a client sees.
@@ -243,7 +248,7 @@ func RunCloudhopper(ctx context.Context, cfg CloudhopperConfig) (rep *Cloudhoppe
 	rep.Goals = cloudhopperGoals(rep.Runs)
 	rep.Notes = []string{
 		fmt.Sprintf("node-to-node path: %.0f Mbit/s, %.0f ms RTT; CloudHopper crossed AWS to GCP (about 790 Mbit/s transfer throughput)", float64(cfg.NodeLink.RateBps)/1e6, rep.NodeRTT),
-		"downtime: the engine's frozen window of the group's slowest member; probe_max_ms is the slowest REST read a client made during the run",
+		"downtime: the engine's frozen window of the group's slowest member; probe_max_ms is the slowest REST read the probe made, connection setup included (wrk's latencies leave it out); max_latency_ms is the larger of the two",
 		"the load: wrk, a new connection per request (as siege's default), posting unique content at random to posts, comments, categories, tags and users, or reading the latest posts",
 		"paper: CloudHopper Table III, AWS to GCP, averages of ten runs",
 	}
@@ -274,8 +279,11 @@ func (e *env) deployWordPress(ctx context.Context) (*wpApp, error) {
 	if err != nil {
 		return nil, fmt.Errorf("run WordPress: %w", err)
 	}
+	// A client waits for its connection as long as for its reply (wrk's
+	// 60 s): a request held at the SYN during a migration is not a failure.
+	dialer := nsDialer{ns: e.client.ns, timeout: time.Minute}
 	app := &wpApp{node: loc, webAddr: net.JoinHostPort(web.IP, chWebPort),
-		http: &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: e.client.DialContext, DisableKeepAlives: true}}}
+		http: &http.Client{Timeout: time.Minute, Transport: &http.Transport{DialContext: dialer.DialContext, DisableKeepAlives: true}}}
 	if err := waitListening(ctx, e.client, app.webAddr, time.Minute); err != nil {
 		return nil, fmt.Errorf("WordPress: %w (its log: %s)", err, tail(e.logs(ctx, loc, chWeb), 400))
 	}
@@ -408,8 +416,9 @@ func (e *env) cloudhopperRun(ctx context.Context, cfg CloudhopperConfig, app *wp
 	if ws.DurationUs > 0 {
 		run.ThroughputRPS = float64(ws.Requests) / (float64(ws.DurationUs) / 1e6)
 	}
-	run.MaxLatencyMs, run.P50LatencyMs, run.P99LatencyMs = float64(ws.MaxUs)/1000, float64(ws.P50Us)/1000, float64(ws.P99Us)/1000
+	run.WrkMaxLatencyMs, run.P50LatencyMs, run.P99LatencyMs = float64(ws.MaxUs)/1000, float64(ws.P50Us)/1000, float64(ws.P99Us)/1000
 	run.ProbeRequests, run.ProbeErrors, run.ProbeMaxMs = ps.requests, ps.errors, ms(ps.max)
+	run.MaxLatencyMs = max(run.WrkMaxLatencyMs, run.ProbeMaxMs)
 	if ps.first != nil {
 		run.ProbeError = ps.first.Error()
 	}
@@ -688,14 +697,14 @@ func (r *CloudhopperReport) WriteText(w io.Writer) error {
 	fmt.Fprintf(&b, "CloudHopper (Table III) on %s: WordPress + MariaDB migrated as a group, %.0f Mbit/s, %.0f ms RTT\n",
 		r.Testbed.Name, float64(r.Testbed.NodeRateBps)/1e6, r.NodeRTT)
 	fmt.Fprintf(&b, "%7s %11s %9s %10s %9s %7s %7s %8s %9s %9s %11s %11s  %s\n", "clients", "downtime ms", "total ms", "on wire", "requests",
-		"failed", "non-2xx", "max ms", "probe ms", "writes", "paper down", "vs paper", "error")
+		"failed", "non-2xx", "max ms", "wrk max", "writes", "paper down", "vs paper", "error")
 	for _, x := range r.Runs {
 		vs := "-"
 		if x.DowntimeVsPaper != nil {
 			vs = fmt.Sprintf("%.1fx", *x.DowntimeVsPaper)
 		}
 		fmt.Fprintf(&b, "%7d %11.1f %9.1f %10s %9d %7d %7d %8.1f %9.1f %4d/%-4d %11.0f %11s  %s\n", x.Clients, x.DowntimeMs, x.TotalMs,
-			units.FormatSize(x.BytesOnWire), x.Requests, x.FailedRequests, x.NonOK, x.MaxLatencyMs, x.ProbeMaxMs, x.WritesStored, x.WritesAcked,
+			units.FormatSize(x.BytesOnWire), x.Requests, x.FailedRequests, x.NonOK, x.MaxLatencyMs, x.WrkMaxLatencyMs, x.WritesStored, x.WritesAcked,
 			x.PaperDowntimeMs, vs, x.Error)
 	}
 	writeGoals(&b, r.Goals)

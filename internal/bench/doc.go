@@ -20,6 +20,16 @@
 // cases, and DEBUG DIGEST checks every destination's data against the
 // source's.
 //
+// The cloudhopper benchmark (CloudHopper, seed 004, Table III) deploys
+// WordPress and its MariaDB from the wordpress image as one group, loads
+// it with wrk (a Lua script: new connections, unique posts, comments,
+// categories, tags and users through the REST API, and reads) plus a
+// probe reading every 100 ms, and migrates the group at each concurrency
+// level. Failed requests are wrk's socket errors and timeouts, non-2xx
+// its other replies; every write acknowledged with a 201 must be listed
+// by WordPress afterwards (before wrk stops, the load reads only, so the
+// last writes get their replies).
+//
 // The aggregation (percentiles, gap extraction from a probe timeline,
 // ratios) is pure and tested on its own; everything else is I/O at the
 // edge. Every number a Report holds is measured in the run that produced

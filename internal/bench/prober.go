@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
@@ -19,12 +20,13 @@ import (
 type nsDialer struct {
 	ns       string
 	lastRead *atomic.Int64
+	timeout  time.Duration // of a connect; 0 is 5 s
 }
 
 func (d nsDialer) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
 	var c net.Conn
 	err := linux.InNetNS(d.ns, func() error {
-		dl := &net.Dialer{Timeout: 5 * time.Second}
+		dl := &net.Dialer{Timeout: cmp.Or(d.timeout, 5*time.Second)}
 		dl.SetMultipathTCP(false)
 		var err error
 		c, err = dl.DialContext(ctx, network, addr)

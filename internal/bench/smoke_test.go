@@ -259,8 +259,8 @@ func TestCloudhopperSmoke(t *testing.T) {
 			r.FailedRequests != 0 || r.NonOK != 0 || r.ProbeErrors != 0 || r.ProbeRequests == 0 || !r.DataOK {
 			t.Errorf("run %d: %+v", i, r)
 		}
-		if want > 0 && (r.Requests == 0 || r.WritesAcked == 0 || r.MaxLatencyMs <= 0) {
-			t.Errorf("%d clients: %d requests, %d writes acknowledged, slowest %.1f ms: the load did not run", want, r.Requests, r.WritesAcked, r.MaxLatencyMs)
+		if want > 0 && (r.Requests == 0 || r.WritesAcked == 0 || r.WrkMaxLatencyMs <= 0 || r.MaxLatencyMs < r.ProbeMaxMs) {
+			t.Errorf("%d clients: %d requests, %d writes acknowledged, slowest %.1f ms (wrk %.1f, probe %.1f): the load did not run", want, r.Requests, r.WritesAcked, r.MaxLatencyMs, r.WrkMaxLatencyMs, r.ProbeMaxMs)
 		}
 	}
 	if rep.Runs[0].From == rep.Runs[1].From {
