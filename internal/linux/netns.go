@@ -3,6 +3,7 @@ package linux
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -41,7 +42,8 @@ func ensureSharedDir(dir string) error {
 }
 
 // NewNetNS creates a new network namespace and binds it at path. The
-// namespace's loopback is brought up. It fails if path already exists.
+// namespace's loopback is brought up, and links created in it later come
+// without IPv6 (noIPv6OnNewLinks). It fails if path already exists.
 func NewNetNS(path string) error {
 	dir := filepath.Dir(path)
 	if dir == NetNSDir {
@@ -81,6 +83,9 @@ func NewNetNS(path string) error {
 			if lo, err = netlink.LinkByName("lo"); err == nil {
 				err = netlink.LinkSetUp(lo)
 			}
+			if err == nil {
+				err = noIPv6OnNewLinks()
+			}
 		}
 		// Back to where the thread came from; a thread that cannot go
 		// back stays locked and is discarded with this goroutine.
@@ -93,6 +98,26 @@ func NewNetNS(path string) error {
 		_ = unix.Unmount(path, unix.MNT_DETACH)
 		_ = os.Remove(path)
 		return fmt.Errorf("new netns %s: %w", path, err)
+	}
+	return nil
+}
+
+// noIPv6OnNewLinks makes the links later created in the calling thread's
+// network namespace come without IPv6 (lo keeps ::1). The overlay is
+// IPv4; an interface with IPv6 on sends neighbour discovery, MLD and
+// router solicitations as soon as it is up, from the service's MAC: a
+// migration destination's copy would tell every bridge of the overlay
+// that the service's MAC lives there while the service still runs on its
+// source, whose bridge then drops the service's incoming frames. A
+// kernel without IPv6 has nothing to turn off.
+func noIPv6OnNewLinks() error {
+	// /proc/sys/net resolves to the opening thread's namespace.
+	err := os.WriteFile("/proc/sys/net/ipv6/conf/default/disable_ipv6", []byte("1"), 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("disable IPv6 on new links: %w", err)
 	}
 	return nil
 }
