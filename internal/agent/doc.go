@@ -60,7 +60,8 @@
 // entering S's namespace (netplane.HoldNew) and waits, the service still
 // running, until no connection is in its handshake or an accept queue
 // (as long as their number goes down, up to 30 s: a loaded web server
-// drains its queue at its own pace; 250 ms without progress); one queued at the freeze thaws the service until it
+// drains its queue at its own pace; 250 ms without progress); one queued
+// at the freeze thaws the service until it
 // has accepted it. At the commit A forwards the held requests to B
 // through the overlay (whole frames on its VXLAN device, with checksums
 // the kernel completed), where B holds them with the rest until the

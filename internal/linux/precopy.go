@@ -145,6 +145,16 @@ func OpenPagemap(pid int) (*Pagemap, error) {
 // Close releases the pagemap.
 func (p *Pagemap) Close() error { return p.f.Close() }
 
+// appendRange appends r to dst, merged into the last range when they
+// touch.
+func appendRange(dst []MemRange, r MemRange) []MemRange {
+	if k := len(dst); k > 0 && dst[k-1].End == r.Start {
+		dst[k-1].End = r.End
+		return dst
+	}
+	return append(dst, r)
+}
+
 // ShmemDataRanges appends to dst the ranges of pid's shared memory
 // mapping [start, end), at offset off of its shmem object (anonymous
 // shared memory, System V shm, a memfd), whose pages hold data: those the
@@ -183,12 +193,7 @@ func ShmemDataRanges(pid int, start, end, off uint64, dst []MemRange) ([]MemRang
 		if hi <= lo { // a hole at d: SEEK_DATA and SEEK_HOLE raced a change
 			break
 		}
-		r := MemRange{Start: start + lo - off, End: start + hi - off}
-		if k := len(dst); k > 0 && dst[k-1].End == r.Start {
-			dst[k-1].End = r.End
-		} else {
-			dst = append(dst, r)
-		}
+		dst = appendRange(dst, MemRange{Start: start + lo - off, End: start + hi - off})
 		pos = hi
 	}
 	return dst, nil
@@ -239,11 +244,7 @@ func (p *Pagemap) scan(start, end uint64, shared bool, dst []MemRange) ([]MemRan
 			return dst, fmt.Errorf("pagemap scan: %w", errno)
 		}
 		for _, r := range p.regions[:n] {
-			if k := len(dst); k > 0 && dst[k-1].End == r.start {
-				dst[k-1].End = r.end
-			} else {
-				dst = append(dst, MemRange{r.start, r.end})
-			}
+			dst = appendRange(dst, MemRange{r.start, r.end})
 		}
 		if arg.walkEnd <= start {
 			return dst, fmt.Errorf("pagemap scan: no progress at %#x", start)
@@ -270,11 +271,7 @@ func (p *Pagemap) readEntries(start, end uint64, shared bool, dst []MemRange) ([
 		for _, e := range p.entries[:n/8] {
 			keep := e&(pmePresent|pmeSwapped) != 0 && (shared || e&pmeFile == 0)
 			if keep {
-				if k := len(dst); k > 0 && dst[k-1].End == addr {
-					dst[k-1].End += 4096
-				} else {
-					dst = append(dst, MemRange{addr, addr + 4096})
-				}
+				dst = appendRange(dst, MemRange{addr, addr + 4096})
 			}
 			addr += 4096
 		}
