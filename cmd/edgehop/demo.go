@@ -11,6 +11,7 @@ import (
 	"github.com/edgehop/edgehop/internal/follow"
 	"github.com/edgehop/edgehop/internal/image"
 	"github.com/edgehop/edgehop/internal/policy"
+	"github.com/edgehop/edgehop/internal/testbed"
 )
 
 func init() {
@@ -20,14 +21,15 @@ func init() {
 
 // followFlags are the flags demo and bench follow share.
 type followFlags struct {
-	root, images, reports, kind, walk *string
-	speed, threshold                  *float64
-	asJSON, verbose                   *bool
+	root, name, images, reports, kind, walk *string
+	speed, threshold                        *float64
+	asJSON, verbose                         *bool
 }
 
 func registerFollow(fs *flag.FlagSet, def follow.Config) followFlags {
 	return followFlags{
 		root:      fs.String("root", envOr("EDGEHOP_ROOT", "/var/lib/edgehop"), "state root (env EDGEHOP_ROOT)"),
+		name:      fs.String("testbed", def.Name, "name of the testbed the experiment brings up (and down)"),
 		images:    fs.String("images", envOr("EDGEHOP_IMAGES", image.DefaultRoot), "OCI image cache"),
 		reports:   fs.String("report-dir", "", "where the report goes (default: <root>/reports/<name>-<time>)"),
 		kind:      fs.String("policy", def.Policy.Kind, "policy of the followed redis: latency | region | teka | throughput | model"),
@@ -48,6 +50,10 @@ func (f followFlags) apply(cfg *follow.Config) error {
 		return err
 	}
 	cfg.Root, cfg.Binary, cfg.ImageRoot, cfg.Speed = *f.root, bin, *f.images, *f.speed
+	if err := testbed.CheckName(*f.name); err != nil {
+		return fmt.Errorf("--testbed: %w", err)
+	}
+	cfg.Name = *f.name
 	if *f.kind != cfg.Policy.Kind {
 		cfg.Policy = policy.Config{Kind: *f.kind, MinDwell: cfg.Policy.MinDwell}
 	}

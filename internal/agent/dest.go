@@ -142,9 +142,12 @@ type incoming struct {
 	mountMs     float64
 	lf          *os.File
 	pagesDaemon *runc.Daemon
-	t0          time.Time
-	err         error
-	cleanup     []func()
+	// next is the source's message after the state, read while the
+	// restore runs (nil when nothing reads it yet).
+	next    chan peerMessage
+	t0      time.Time
+	err     error
+	cleanup []func()
 }
 
 // loop performs acts and feeds the machine the outcome until it finishes;
@@ -443,12 +446,20 @@ func (in *incoming) restore(ctx context.Context) error {
 	// A restore that hangs must not keep the service away for good: past
 	// the deadline it is killed and the source takes the service back.
 	rdl := migration.RestoreDeadline(in.stateBytes)
-	rctx, rcancel := context.WithTimeout(ctx, rdl)
+	sctx, scancel := context.WithCancelCause(ctx)
+	rctx, rcancel := context.WithTimeout(sctx, rdl)
+	in.watchSource(ctx, scancel)
 	_, err = a.rt.Restore(rctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: work, TCPEstablished: true, FileLocks: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf})
-	if err != nil && rctx.Err() == context.DeadlineExceeded {
+	var pa *peerAbort
+	switch {
+	case err == nil:
+	case errors.As(context.Cause(sctx), &pa):
+		err = fmt.Errorf("restore stopped: %w", pa)
+	case rctx.Err() == context.DeadlineExceeded:
 		err = fmt.Errorf("no restore within %s (%d bytes of images): %w", rdl, in.stateBytes, err)
 	}
 	rcancel()
+	scancel(nil)
 	if err != nil {
 		lf.Close()
 		return fmt.Errorf("restore: %w", err)
@@ -460,12 +471,48 @@ func (in *incoming) restore(ctx context.Context) error {
 	return nil
 }
 
+// watchSource reads the source's next message while the restore runs: a
+// source that rolls back meanwhile (a group's other member failed) says
+// so, and stop is called with its reason, so that a restore waiting for
+// pages its page server will never send ends now, not at its deadline.
+// Anything else (the commit, a broken connection) is left to awaitCommit.
+func (in *incoming) watchSource(ctx context.Context, stop context.CancelCauseFunc) {
+	if in.conn == nil {
+		return
+	}
+	in.next = make(chan peerMessage, 1)
+	go func() {
+		// Ends with the connection, which the receiving goroutine closes.
+		typ, body, err := in.conn.ReadMsg(context.WithoutCancel(ctx))
+		m := peerMessage{typ, body, err}
+		var pa *peerAbort
+		if errors.As(m.as(migration.MsgCommit, nil), &pa) {
+			pa.node = in.p.From
+			stop(pa)
+		}
+		in.next <- m
+	}()
+}
+
 // awaitCommit waits for the source's commit, which follows the state
 // and so is normally here already.
 func (in *incoming) awaitCommit(ctx context.Context) error {
 	in.report = migration.RestoreReport{RestoreMs: migration.Ms(time.Since(in.t0)), NetworkMs: in.sw.NetworkMs,
 		RecvMs: in.recvMs, MountMs: in.mountMs}
-	return expectFrom(ctx, in.conn, in.p.From, migration.MsgCommit, nil)
+	if in.next == nil {
+		return expectFrom(ctx, in.conn, in.p.From, migration.MsgCommit, nil)
+	}
+	select {
+	case m := <-in.next:
+		err := m.as(migration.MsgCommit, nil)
+		var pa *peerAbort
+		if errors.As(err, &pa) {
+			pa.node = in.p.From
+		}
+		return err
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // releaseHeld makes the committed service this node's own: recorded, then
@@ -581,10 +628,6 @@ func (in *incoming) askSource(ctx context.Context) migration.Event {
 // destroy removes the copy and everything prepared for it.
 func (in *incoming) destroy(ctx context.Context) error {
 	a, name := in.a, in.rec.Container
-	if in.holder != nil {
-		_ = in.holder.Drop()
-		in.holder = nil
-	}
 	if !in.claimed && in.conn != nil {
 		// Refused before anything was set up here: nothing to remove,
 		// and another container may own the name.
@@ -592,6 +635,14 @@ func (in *incoming) destroy(ctx context.Context) error {
 	}
 	a.killRuncFor(name)
 	err := a.destroy(context.WithoutCancel(ctx), name)
+	if in.holder != nil {
+		// Only now that the namespace is gone: the source may have
+		// resumed and be sending to the service again, and packets still
+		// routed here must be dropped (TCP resends them there), not meet
+		// an address without its sockets and draw a reset.
+		_ = in.holder.Drop()
+		in.holder = nil
+	}
 	dirs := []string{name + "-in", name + "-in-work", name + "-store"}
 	// A stream cut short leaves its partial directory (transfer.RecvDir).
 	partial, _ := filepath.Glob(filepath.Join(a.scratchDir(), "."+name+"-in.partial-*"))

@@ -109,6 +109,9 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 			a.log.Warn("an interrupted dump still runs", "container", rec.Container, "err", err)
 		}
 		cancel()
+		if rec.PageServer != "" {
+			a.endTCPRepair(rec.Container)
+		}
 	}
 	handOver := false
 	if frozen && !rec.Strategy.Lazy() {

@@ -884,15 +884,38 @@ func (o *outgoing) abortPeer(cause error) {
 	o.conn.Close()
 }
 
+// abortLazyDump ends a lazy dump that is still serving pages: CRIU
+// resumes the service, and its connections leave the repair mode CRIU
+// leaves them in then.
+func (o *outgoing) abortLazyDump() {
+	if o.ckCancel == nil {
+		return
+	}
+	o.ckCancel()
+	if err := <-o.ckDone; err != nil {
+		o.a.endTCPRepair(o.rec.Container)
+	}
+	o.ckCancel = nil
+}
+
+// endTCPRepair takes the connections of container name out of the
+// repair mode a failed lazy dump leaves them in (linux.EndTCPRepair).
+func (a *Agent) endTCPRepair(name string) {
+	n, err := linux.EndTCPRepair(a.cgroupsPath(name))
+	if err != nil {
+		a.log.Warn("take connections out of repair mode", "container", name, "err", err)
+	}
+	if n > 0 {
+		a.log.Info("connections taken out of the repair mode CRIU left them in", "container", name, "connections", n)
+	}
+}
+
 // resume takes the service back after a failed freeze or dump: CRIU
 // resumed it (or never stopped it); thaw, unlock its network and point the
 // overlay back here.
 func (o *outgoing) resume() error {
 	a, name, ctx := o.a, o.rec.Container, context.WithoutCancel(o.a.runCtx)
-	if o.ckCancel != nil {
-		o.ckCancel()
-		<-o.ckDone
-	}
+	o.abortLazyDump()
 	uerr := netplane.Unlock(a.nsPath(name)) // a CRIU configured to lock
 	uerr = errors.Join(uerr, linux.ThawCgroup(ctx, a.cgroupsPath(name)))
 	uerr = errors.Join(uerr, a.plane.SetHostLink(name, true))
@@ -912,12 +935,9 @@ func (o *outgoing) resume() error {
 // restoreLocal brings the service back here from its images after a
 // failure past the dump.
 func (o *outgoing) restoreLocal() error {
-	if o.ckCancel != nil {
-		// Cancelling a lazy dump makes CRIU abort it: the service
-		// resumes where it was, with all its memory.
-		o.ckCancel()
-		<-o.ckDone
-	}
+	// Cancelling a lazy dump makes CRIU abort it: the service resumes
+	// where it was, with all its memory.
+	o.abortLazyDump()
 	if o.conn != nil {
 		o.conn.Close()
 	}

@@ -35,20 +35,14 @@ func TestServicesFollowTheirUser(t *testing.T) {
 			e := newEnv(t)
 			testutil.RequireTool(t, "ping")
 			reports := filepath.Join(e.root, "report")
-			cmd := exec.Command(e.bin, "demo", "--json", "--policy", pol, "--speed", "25", "--root", e.root, "--report-dir", reports)
-			var outb, errb bytes.Buffer
-			cmd.Stdout, cmd.Stderr = &outb, &errb
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
+			demo := e.startDemo("--policy", pol, "--speed", "25", "--report-dir", reports)
 			if pol == "latency" {
 				// The controller dies mid-walk, after its first migration;
 				// the supervisor restarts it and it resumes from its store.
-				e.killControllerAfterMigration(t, "demo")
-				e.checkDashboard(t, "demo", reports)
+				e.killControllerAfterMigration(t, e.name)
+				e.checkDashboard(t, e.name, reports)
 			}
-			err := cmd.Wait()
-			out, stderr := outb.String(), errb.String()
+			out, stderr, err := demo.wait()
 			if err != nil {
 				t.Fatalf("demo --policy %s: %v\n%s\n%s", pol, err, tail(stderr, 3000), tail(out, 2000))
 			}
@@ -284,19 +278,14 @@ func TestDeadNodeNeverChosen(t *testing.T) {
 	e := newEnv(t)
 	testutil.RequireTool(t, "ping")
 	reports := filepath.Join(e.root, "report")
-	cmd := exec.Command(e.bin, "demo", "--json", "--policy", "latency", "--speed", "25", "--root", e.root, "--report-dir", reports)
-	var outb, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &outb, &errb
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	demo := e.startDemo("--policy", "latency", "--speed", "25", "--report-dir", reports)
 	walking := func() bool {
 		var us []struct {
 			Pos struct {
 				X float64 `json:"x"`
 			} `json:"pos"`
 		}
-		out, _, err := e.run("users", "--json", "--testbed", "demo", "--root", e.root)
+		out, _, err := e.run("users", "--json", "--testbed", e.name, "--root", e.root)
 		return err == nil && json.Unmarshal([]byte(out), &us) == nil && len(us) == 1 && us[0].Pos.X > 10
 	}
 	status := func() (node1PID int, serviceNode string, node1Alive bool) {
@@ -306,7 +295,7 @@ func TestDeadNodeNeverChosen(t *testing.T) {
 				AgentPID int    `json:"agent_pid"`
 			} `json:"nodes"`
 		}
-		if out, _, err := e.run("testbed", "status", "--json", "--testbed", "demo", "--root", e.root); err == nil && json.Unmarshal([]byte(out), &st) == nil {
+		if out, _, err := e.run("testbed", "status", "--json", "--testbed", e.name, "--root", e.root); err == nil && json.Unmarshal([]byte(out), &st) == nil {
 			for _, n := range st.Nodes {
 				if n.Name == "node1" {
 					node1PID = n.AgentPID
@@ -317,7 +306,7 @@ func TestDeadNodeNeverChosen(t *testing.T) {
 			Name string `json:"name"`
 			Node string `json:"node"`
 		}
-		if out, _, err := e.run("services", "--json", "--testbed", "demo", "--root", e.root); err == nil && json.Unmarshal([]byte(out), &ss) == nil {
+		if out, _, err := e.run("services", "--json", "--testbed", e.name, "--root", e.root); err == nil && json.Unmarshal([]byte(out), &ss) == nil {
 			for _, s := range ss {
 				if s.Name == "redis" {
 					serviceNode = s.Node
@@ -328,7 +317,7 @@ func TestDeadNodeNeverChosen(t *testing.T) {
 			Name  string `json:"name"`
 			Alive bool   `json:"alive"`
 		}
-		if out, _, err := e.run("nodes", "--json", "--testbed", "demo", "--root", e.root); err == nil && json.Unmarshal([]byte(out), &ns) == nil {
+		if out, _, err := e.run("nodes", "--json", "--testbed", e.name, "--root", e.root); err == nil && json.Unmarshal([]byte(out), &ns) == nil {
 			for _, n := range ns {
 				if n.Name == "node1" {
 					node1Alive = n.Alive
@@ -370,8 +359,7 @@ func TestDeadNodeNeverChosen(t *testing.T) {
 	}
 	_ = syscall.Kill(stopped, syscall.SIGCONT)
 	resumed = true
-	err := cmd.Wait()
-	out, stderr := outb.String(), errb.String()
+	out, stderr, err := demo.wait()
 	if err != nil {
 		t.Fatalf("demo: %v\n%s", err, tail(stderr, 3000))
 	}
@@ -415,8 +403,8 @@ func TestBorderWalkDoesNotOscillate(t *testing.T) {
 		t.Run(pol, func(t *testing.T) {
 			e := newEnv(t)
 			testutil.RequireTool(t, "ping")
-			out, stderr, err := e.run("demo", "--json", "--walk", "border", "--policy", pol, "--root", e.root,
-				"--report-dir", filepath.Join(e.root, "report"))
+			out, stderr, err := e.startDemo("--walk", "border", "--policy", pol,
+				"--report-dir", filepath.Join(e.root, "report")).wait()
 			if err != nil {
 				t.Fatalf("demo --walk border: %v\n%s", err, tail(stderr, 3000))
 			}

@@ -218,6 +218,81 @@ func TestGroupRollsBackAsOne(t *testing.T) {
 	e.checkGroupIntact("after the failed group migration", db, web, "node0", link, n, size, 1)
 }
 
+// TestGroupRestoreStoppedWhenSourceRollsBack: in a post-copy group
+// migration, web (which depends on db, so it freezes first) has its state
+// on node1 and is being restored there when db's dump fails on node0. The
+// group rolls back, and node1 must stop web's restore at once: restoring
+// lazily from a page server the source has shut down, it would otherwise
+// hold the name on node1 until the restore's deadline. web's restore on
+// node1 is made to take two minutes, so the abort arrives in the middle
+// of it. Afterwards the group is whole on node0 and node1's job ended
+// with the source's reason, no job running there.
+func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
+	e := newEnv(t)
+	path := os.Getenv("PATH")
+	dumpFails := runcWrapperFor(t, "checkpoint", "db", "sleep 1; echo 'injected dump failure of db' >&2; exit 1")
+	slowRestore := runcWrapper(t, "web", "sleep 120")
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{
+		"node0": {"PATH=" + dumpFails + ":" + path},
+		"node1": {"PATH=" + slowRestore + ":" + path},
+	}})
+	e.logsOnFailure(st)
+	const n, size = 2_000, 1000
+	db, web := e.redisGroup(st, n, size)
+	link := replicaLinkID(t, db)
+	out, errs, err := e.run("migrate", "app", "--to", "node1", "--strategy", "post-copy", "--json")
+	if err == nil {
+		t.Fatal("the group migrated although db's dump was made to fail")
+	}
+	var res groupResult
+	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil {
+		t.Fatalf("result: %v\n%s\n%s", jerr, out, errs)
+	}
+	t.Logf("result: ok=%v error=%q", res.OK, res.Error)
+	if res.OK || !strings.Contains(res.Error, "injected dump failure of db") {
+		t.Errorf("result does not give db's dump failure: %+v", res)
+	}
+	// node1's side of web ends with the source's abort, well before the
+	// slowed restore could have finished (or reached its deadline).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var jobs []api.Job
+		out, _, err := e.run("migrations", "--node", "node1", "--json")
+		running := -1
+		if err == nil && json.Unmarshal([]byte(out), &jobs) == nil {
+			running = 0
+			for _, j := range jobs {
+				if j.State == "running" {
+					running++
+				}
+			}
+		}
+		if running == 0 && len(jobs) == 2 {
+			for _, j := range jobs {
+				t.Logf("node1 job %s %s: %s", j.Container, j.Role, j.State)
+				if j.State != "aborted" {
+					t.Errorf("node1's job for %s ended %s, want aborted", j.Container, j.State)
+				}
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node1 still runs a migration job 20 s after the group rolled back: %s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	log, err := os.ReadFile(filepath.Join(st.Nodes[1].StateDir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "restore stopped: node0 aborted") {
+		t.Errorf("node1's log does not say web's restore was stopped by node0's abort")
+	}
+	e.checkGroupIntact("after the group rolled back during web's restore", db, web, "node0", link, n, size, 1)
+}
+
 // TestGroupCommitSurvivesSourceCrash: the source agent dies right after
 // journaling the group's commit and before either member journals its own
 // (a failpoint: no outside observer can hit that moment), while one
@@ -281,14 +356,20 @@ func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
 // command action before restoring container name, then the real runc; an
 // agent whose PATH starts with it restores name that way.
 func runcWrapper(t *testing.T, name, action string) string {
+	return runcWrapperFor(t, "restore", name, action)
+}
+
+// runcWrapperFor is runcWrapper for runc's subcommand sub (restore,
+// checkpoint).
+func runcWrapperFor(t *testing.T, sub, name, action string) string {
 	t.Helper()
 	realRunc, err := exec.LookPath("runc")
 	if err != nil {
 		t.Skip("skipped: runc not installed")
 	}
 	dir := t.TempDir()
-	script := "#!/bin/sh\nrestore=; it=\nfor a in \"$@\"; do [ \"$a\" = restore ] && restore=1; [ \"$a\" = " + name + " ] && it=1; done\n" +
-		"if [ -n \"$restore\" ] && [ -n \"$it\" ]; then " + action + "; fi\nexec " + realRunc + " \"$@\"\n"
+	script := "#!/bin/sh\nsub=; it=\nfor a in \"$@\"; do [ \"$a\" = " + sub + " ] && sub=1; [ \"$a\" = " + name + " ] && it=1; done\n" +
+		"if [ -n \"$sub\" ] && [ -n \"$it\" ]; then " + action + "; fi\nexec " + realRunc + " \"$@\"\n"
 	if err := os.WriteFile(filepath.Join(dir, "runc"), []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}

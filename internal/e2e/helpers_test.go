@@ -8,7 +8,9 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/edgehop/edgehop/internal/testutil"
 )
@@ -105,4 +107,55 @@ func (e *env) up(args ...string) {
 		}
 	})
 	e.must(append([]string{"testbed", "up"}, args...)...)
+}
+
+// demoRun is an `edgehop demo` running on testbed e.name.
+type demoRun struct {
+	cmd       *exec.Cmd
+	out, errb bytes.Buffer
+	done      chan struct{}
+	err       error
+}
+
+// startDemo starts `edgehop demo --json` with args on the env's own
+// testbed (never the default "demo", which another run on this machine may
+// hold). If the test ends with the demo still running (a failed check),
+// the demo is stopped with SIGTERM, which tears its testbed down, and
+// whatever it left is brought down.
+func (e *env) startDemo(args ...string) *demoRun {
+	e.t.Helper()
+	d := &demoRun{done: make(chan struct{})}
+	d.cmd = exec.Command(e.bin, append([]string{"demo", "--json", "--testbed", e.name, "--root", e.root}, args...)...)
+	d.cmd.Stdout, d.cmd.Stderr = &d.out, &d.errb
+	if err := d.cmd.Start(); err != nil {
+		e.t.Fatal(err)
+	}
+	go func() { d.err = d.cmd.Wait(); close(d.done) }()
+	e.t.Cleanup(func() {
+		select {
+		case <-d.done:
+		default:
+			_ = d.cmd.Process.Signal(syscall.SIGTERM)
+			select {
+			case <-d.done:
+			case <-time.After(time.Minute):
+				_ = d.cmd.Process.Kill()
+				<-d.done
+			}
+			e.t.Logf("demo stopped at the end of the test; its stderr ends:\n%s", tail(d.errb.String(), 3000))
+		}
+		if m, _ := filepath.Glob("/run/netns/eh-" + e.name + "-*"); len(m) > 0 {
+			if _, errs, err := e.run("testbed", "down"); err != nil {
+				e.t.Errorf("testbed down: %v: %s", err, errs)
+			}
+		}
+	})
+	return d
+}
+
+// wait waits for the demo to end and returns its stdout, stderr and exit
+// error.
+func (d *demoRun) wait() (string, string, error) {
+	<-d.done
+	return d.out.String(), d.errb.String(), d.err
 }

@@ -1,7 +1,8 @@
 // Package linux owns edgehop's direct use of Linux syscalls: network
 // namespaces (create, bind, enter, delete), netlink handles bound to a
 // namespace, process discovery by namespace, mount helpers, the cgroup
-// freezer, and atomic file writes.
+// freezer, taking a cgroup's TCP sockets out of repair mode (from outside,
+// with pidfd_getfd), and atomic file writes.
 //
 // Every other package reaches the kernel through this one (or through
 // netlink handles it returns), so thread/namespace pinning rules live in one

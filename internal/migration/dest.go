@@ -87,6 +87,10 @@ func (d *Dest) Step(ev Event) ([]Action, error) {
 			// Hand the service back: the copy goes first, then the
 			// source hears it may resume.
 			return d.destroy(ev.Err, true), nil
+		case EvPeerAborted:
+			// The source rolled back while the copy was being restored
+			// (a group's other member failed): the restore was stopped.
+			return d.destroy(failure(ev), false), nil
 		}
 	case ActAwaitCommit:
 		switch ev.Kind {

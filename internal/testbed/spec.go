@@ -80,6 +80,15 @@ func DefaultSpec(name string, n, m int) Spec {
 
 var nameRE = regexp.MustCompile(`^[a-z][a-z0-9]{0,9}$`)
 
+// CheckName returns an error unless name can name a testbed (or one of
+// its members): 1-10 lowercase letters and digits, starting with a letter.
+func CheckName(name string) error {
+	if !nameRE.MatchString(name) {
+		return fmt.Errorf("testbed name %q: want 1-10 lowercase letters/digits starting with a letter", name)
+	}
+	return nil
+}
+
 // ErrInvalidSpec is wrapped by every Validate failure.
 var ErrInvalidSpec = errors.New("invalid testbed spec")
 

@@ -203,10 +203,10 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 	}
 	dir := Dir(o.Root, spec.Name)
 	if _, err := os.Stat(filepath.Join(dir, "testbed.json")); err == nil {
-		return nil, fmt.Errorf("%w: %q (run 'edgehop testbed down --name %s' first)", ErrExists, spec.Name, spec.Name)
+		return nil, fmt.Errorf("%w: %q (run 'edgehop testbed down --testbed %s --root %s' first)", ErrExists, spec.Name, spec.Name, o.Root)
 	}
 	if matches, _ := filepath.Glob(linux.NetNSPath(nsName(spec.Name, "*"))); len(matches) > 0 {
-		return nil, fmt.Errorf("%w: leftover namespaces %v (run 'edgehop testbed down --name %s')", ErrExists, matches, spec.Name)
+		return nil, fmt.Errorf("%w: leftover namespaces %v (run 'edgehop testbed down --testbed %s')", ErrExists, matches, spec.Name)
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create testbed dir: %w", err)
