@@ -362,8 +362,28 @@ func (a *Agent) checkScratchSpace(p migration.Prepare) error {
 // writable layer's files.
 const maxStateSlack = 512 << 20
 
+// sourceGaveUp returns the source's abort when err is one met where a
+// stream was wanted (the source rolled back mid-transfer), err otherwise.
+func (in *incoming) sourceGaveUp(err error) error {
+	var mi *transfer.MsgInsteadError
+	if !errors.As(err, &mi) {
+		return err
+	}
+	var pa *peerAbort
+	if errors.As(peerMessage{mi.Type, mi.Body, nil}.as(migration.MsgAbort, nil), &pa) {
+		pa.node = in.p.From
+		return pa
+	}
+	return err
+}
+
 // receiveState receives (or rebuilds) the images and the writable layer.
 func (in *incoming) receiveState(ctx context.Context) error {
+	return in.sourceGaveUp(in.receiveStreams(ctx))
+}
+
+// receiveStreams is receiveState's work.
+func (in *incoming) receiveStreams(ctx context.Context) error {
 	t := time.Now()
 	limit := in.p.MemoryBytes + maxStateSlack
 	if in.store != nil && !in.p.Strategy.Lazy() {

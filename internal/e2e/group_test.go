@@ -290,6 +290,11 @@ func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
 	if !strings.Contains(string(log), "restore stopped: node0 aborted") {
 		t.Errorf("node1's log does not say web's restore was stopped by node0's abort")
 	}
+	// db's destination was waiting for its images: it reports the
+	// source's reason, not the message it met instead of a stream.
+	if strings.Contains(string(log), "protocol violation") {
+		t.Errorf("node1 reports the source's abort as a protocol violation")
+	}
 	e.checkGroupIntact("after the group rolled back during web's restore", db, web, "node0", link, n, size, 1)
 }
 

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/crc32"
@@ -32,6 +33,20 @@ var (
 	// ErrHandshake: a peer failed the TLS handshake or authentication.
 	ErrHandshake = errors.New("transfer: handshake failed")
 )
+
+// MsgInsteadError is a control message met where a stream was wanted: a
+// peer that gives up in the middle of a transfer sends its reason as one.
+// It is an ErrProtocol.
+type MsgInsteadError struct {
+	Type string
+	Body json.RawMessage
+}
+
+func (e *MsgInsteadError) Error() string {
+	return fmt.Sprintf("%v: got message %q, want stream start", ErrProtocol, e.Type)
+}
+
+func (e *MsgInsteadError) Unwrap() error { return ErrProtocol }
 
 // Frame layout (all integers big-endian):
 //

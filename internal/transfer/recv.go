@@ -123,6 +123,13 @@ func (c *Conn) recvStream(ctx context.Context, want string, opts RecvOptions, s 
 	}
 	start := time.Now()
 	st.WireBytes += headerLen + int64(len(payload))
+	if h.kind == kindMsg {
+		// A peer that gives up mid-transfer says why in a message.
+		var env envelope
+		if json.Unmarshal(payload, &env) == nil && env.Type != "" {
+			return streamHeader{}, st, c.failReadLocked(ctx, &MsgInsteadError{Type: env.Type, Body: env.Body})
+		}
+	}
 	if h.kind != kindBegin {
 		return streamHeader{}, st, c.failReadLocked(ctx, fmt.Errorf("%w: got %s, want stream start", ErrProtocol, h.kind))
 	}

@@ -722,3 +722,27 @@ func TestWarmCompressionMeasures(t *testing.T) {
 		t.Fatalf("encSpeed = %v after WarmCompression", c.encSpeed)
 	}
 }
+
+// TestMsgInsteadOfStream: a peer that gives up in the middle sends a
+// message where a stream was awaited; the receiver gets it as a
+// MsgInsteadError (an ErrProtocol) carrying the message.
+func TestMsgInsteadOfStream(t *testing.T) {
+	ctx := context.Background()
+	a, b := tcpPair(t)
+	sc, rc := NewConn(a), NewConn(b)
+	defer sc.Close()
+	defer rc.Close()
+	type reason struct {
+		Reason string `json:"reason"`
+	}
+	go func() { _ = sc.WriteMsg(ctx, "abort", reason{"disk full"}) }()
+	_, err := rc.RecvDir(ctx, filepath.Join(t.TempDir(), "in"), RecvOptions{})
+	var mi *MsgInsteadError
+	if !errors.As(err, &mi) || !errors.Is(err, ErrProtocol) {
+		t.Fatalf("RecvDir on a message: %v, want a MsgInsteadError", err)
+	}
+	var r reason
+	if mi.Type != "abort" || json.Unmarshal(mi.Body, &r) != nil || r.Reason != "disk full" {
+		t.Fatalf("message %q %s", mi.Type, mi.Body)
+	}
+}
