@@ -9,10 +9,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/testbed"
 )
 
@@ -296,6 +299,107 @@ func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
 		t.Errorf("node1 reports the source's abort as a protocol violation")
 	}
 	e.checkGroupIntact("after the group rolled back during web's restore", db, web, "node0", link, n, size, 1)
+}
+
+// TestGroupPostCopySourceCrash: the source agent is killed (SIGKILL) in
+// the middle of a post-copy group migration: web's lazy dump is serving
+// its pages and web waits for db, whose dump is made to start 3 s late.
+// Restarted by the supervisor, the agent finds web's dump still running
+// and db's runc still dumping. It must end with the group whole on node0,
+// each member running once, with the clients' connections, the
+// connection between the members, and the data: web's aborted lazy dump
+// leaves its connections in repair mode, db's finished dump is restored
+// here.
+func TestGroupPostCopySourceCrash(t *testing.T) {
+	e := newEnv(t)
+	slowDump := runcWrapperFor(t, "checkpoint", "db", "sleep 3")
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node0": {"PATH=" + slowDump + ":" + os.Getenv("PATH")}}})
+	e.logsOnFailure(st)
+	const n, size = 2_000, 1000
+	db, web := e.redisGroup(st, n, size)
+	link := replicaLinkID(t, db)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	node0 := api.NewUnixClient(st.Nodes[0].Socket)
+	jobs, err := node0.StartGroupMigration(ctx, "app", api.MigrateRequest{To: "node1", Strategy: "post-copy"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var webJob string
+	for _, j := range jobs {
+		if j.Container == "web" {
+			webJob = j.ID
+		}
+	}
+	if webJob == "" {
+		t.Fatalf("no job for web: %+v", jobs)
+	}
+	phaseOn := func(node int, id string) migration.Phase {
+		b, err := os.ReadFile(filepath.Join(st.Nodes[node].StateDir, "journal", id+".log"))
+		if err != nil {
+			return ""
+		}
+		r, err := journal.DecodeLog(b)
+		if err != nil {
+			return ""
+		}
+		return r.Phase
+	}
+	phase := func(id string) migration.Phase { return phaseOn(0, id) }
+	// web's state is on node1 (its source, frozen, waits for db).
+	for {
+		dst := phaseOn(1, webJob)
+		if phase(webJob) == migration.Frozen && (dst == migration.Transferred || dst == migration.Restored) {
+			break
+		}
+		if ctx.Err() != nil || phase(webJob).Final() {
+			t.Fatalf("web's state never reached node1 before its commit (source at %q, destination at %q)", phase(webJob), dst)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	pidFile := filepath.Join(st.Nodes[0].StateDir, "agent.pid")
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	old, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill node0's agent %d: %v", old, err)
+	}
+	t.Logf("killed node0's agent (pid %d) with web's lazy dump serving and db's dump pending", old)
+	for {
+		var ps []ctr
+		out, _, err := e.run("ps", "--json")
+		b, _ := os.ReadFile(pidFile)
+		pid, _ := strconv.Atoi(strings.TrimSpace(string(b)))
+		if pid > 0 && pid != old && err == nil && json.Unmarshal([]byte(out), &ps) == nil && len(ps) == 2 &&
+			ps[0].Node == "node0" && ps[1].Node == "node0" && ps[0].Status == "running" && ps[1].Status == "running" {
+			break
+		}
+		if ctx.Err() != nil {
+			t.Fatalf("the group did not settle on node0: ps %s", out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	for _, j := range jobs {
+		for {
+			p := phase(j.ID)
+			if p.Final() {
+				t.Logf("%s: %s", j.Container, p)
+				if p != migration.RolledBack {
+					t.Errorf("%s's migration ended %s, want %s", j.Container, p, migration.RolledBack)
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				t.Fatalf("%s's migration never ended (at %s)", j.Container, p)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	e.checkGroupIntact("after node0's agent died in a post-copy group migration", db, web, "node0", link, n, size, 1)
 }
 
 // TestGroupCommitSurvivesSourceCrash: the source agent dies right after
