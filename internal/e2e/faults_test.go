@@ -61,7 +61,13 @@ func (f *faultBed) client(node string) *api.Client { return api.NewUnixClient(f.
 // phase is what node's journal says about migration id ("" before it has
 // a record).
 func (f *faultBed) phase(node, id string) migration.Phase {
-	b, err := os.ReadFile(filepath.Join(f.node(node).StateDir, "journal", id+".log"))
+	return journalPhase(f.node(node).StateDir, id)
+}
+
+// journalPhase is what the journal in a node's state directory says about
+// migration id ("" before it has a record).
+func journalPhase(stateDir, id string) migration.Phase {
+	b, err := os.ReadFile(filepath.Join(stateDir, "journal", id+".log"))
 	if err != nil {
 		return ""
 	}

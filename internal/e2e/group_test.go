@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
-	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/testbed"
 )
@@ -336,17 +335,7 @@ func TestGroupPostCopySourceCrash(t *testing.T) {
 	if webJob == "" {
 		t.Fatalf("no job for web: %+v", jobs)
 	}
-	phaseOn := func(node int, id string) migration.Phase {
-		b, err := os.ReadFile(filepath.Join(st.Nodes[node].StateDir, "journal", id+".log"))
-		if err != nil {
-			return ""
-		}
-		r, err := journal.DecodeLog(b)
-		if err != nil {
-			return ""
-		}
-		return r.Phase
-	}
+	phaseOn := func(node int, id string) migration.Phase { return journalPhase(st.Nodes[node].StateDir, id) }
 	phase := func(id string) migration.Phase { return phaseOn(0, id) }
 	// web's state is on node1 (its source, frozen, waits for db).
 	for {
