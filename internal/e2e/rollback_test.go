@@ -157,11 +157,12 @@ func TestRollbackDestinationKilled(t *testing.T) {
 
 // TestRollbackRestoreFails: CRIU restore fails on the destination (a runc
 // wrapper injects the failure); the service resumes on the source with its
-// client's connection. Under post-copy the source's lazy dump is serving
-// pages when it is aborted, and CRIU resumes the service with its
-// connections still in repair mode, which the agent must end.
+// client's connection, under every strategy. Under post-copy and hybrid
+// the source's lazy dump is serving pages when it is aborted, and CRIU
+// resumes the service with its connections still in repair mode, which the
+// agent must end.
 func TestRollbackRestoreFails(t *testing.T) {
-	for _, strategy := range []string{"stop-and-copy", "post-copy"} {
+	for _, strategy := range []string{"stop-and-copy", "pre-copy", "post-copy", "hybrid"} {
 		t.Run(strategy, func(t *testing.T) {
 			e := newEnv(t)
 			st, rc := e.redisWithFailingRunc("node1", "restore")
