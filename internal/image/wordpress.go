@@ -58,11 +58,17 @@ exec setpriv --reuid=www-data --regid=www-data --init-groups -- apache2 -DFOREGR
 
 // wpMariaDBConf: reachable from the web tier's container; no reverse DNS
 // (the testbed has none); synchronous I/O, as CRIU cannot checkpoint an
-// io_uring (MariaDB 10.11 uses one for InnoDB's native AIO).
+// io_uring (MariaDB 10.11 uses one for InnoDB's native AIO). The buffer
+// pool may grow to 256 MiB: since 10.11.17 (MDEV-38671) MariaDB otherwise
+// reserves 8 TiB of address space for it, and CRIU's lazy dump allocates
+// an iovec per private page of the address space (32 GiB here), so
+// post-copy and hybrid could not move the database ("loose-": an older
+// MariaDB without the option ignores it).
 const wpMariaDBConf = `[mysqld]
 bind-address = 0.0.0.0
 skip-name-resolve
 innodb_use_native_aio = 0
+loose-innodb_buffer_pool_size_max = 256M
 init-file = /etc/mysql/edgehop-init.sql
 `
 
