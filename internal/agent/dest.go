@@ -370,8 +370,7 @@ func (in *incoming) sourceGaveUp(err error) error {
 		return err
 	}
 	var pa *peerAbort
-	if errors.As(peerMessage{mi.Type, mi.Body, nil}.as(migration.MsgAbort, nil), &pa) {
-		pa.node = in.p.From
+	if errors.As(peerMessage{mi.Type, mi.Body, nil}.from(in.p.From, migration.MsgAbort, nil), &pa) {
 		return pa
 	}
 	return err
@@ -506,8 +505,7 @@ func (in *incoming) watchSource(ctx context.Context, stop context.CancelCauseFun
 		typ, body, err := in.conn.ReadMsg(context.WithoutCancel(ctx))
 		m := peerMessage{typ, body, err}
 		var pa *peerAbort
-		if errors.As(m.as(migration.MsgCommit, nil), &pa) {
-			pa.node = in.p.From
+		if errors.As(m.from(in.p.From, migration.MsgCommit, nil), &pa) {
 			stop(pa)
 		}
 		in.next <- m
@@ -524,12 +522,7 @@ func (in *incoming) awaitCommit(ctx context.Context) error {
 	}
 	select {
 	case m := <-in.next:
-		err := m.as(migration.MsgCommit, nil)
-		var pa *peerAbort
-		if errors.As(err, &pa) {
-			pa.node = in.p.From
-		}
-		return err
+		return m.from(in.p.From, migration.MsgCommit, nil)
 	case <-ctx.Done():
 		return ctx.Err()
 	}

@@ -1185,16 +1185,21 @@ func (m peerMessage) as(typ string, v any) error {
 	return nil
 }
 
-// expectFrom reads the next message and requires typ; an abort becomes a
-// *peerAbort naming node.
-func expectFrom(ctx context.Context, conn *transfer.Conn, node, typ string, v any) error {
-	got, body, err := conn.ReadMsg(ctx)
-	err = peerMessage{got, body, err}.as(typ, v)
+// from is as, with an abort naming node.
+func (m peerMessage) from(node, typ string, v any) error {
+	err := m.as(typ, v)
 	var pa *peerAbort
 	if errors.As(err, &pa) {
 		pa.node = node
 	}
 	return err
+}
+
+// expectFrom reads the next message and requires typ; an abort becomes a
+// *peerAbort naming node.
+func expectFrom(ctx context.Context, conn *transfer.Conn, node, typ string, v any) error {
+	got, body, err := conn.ReadMsg(ctx)
+	return peerMessage{got, body, err}.from(node, typ, v)
 }
 
 // expect is expectFrom without a node name.

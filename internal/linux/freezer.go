@@ -124,15 +124,21 @@ func FreezeCgroupSeizable(ctx context.Context, path string, tries int) (int, err
 	}
 }
 
+// cgroupFile is the file v1 of the cgroup at path in the v1 freezer
+// hierarchy where that is mounted, the file v2 of its v2 cgroup otherwise.
+func cgroupFile(path, v1, v2 string) string {
+	f := filepath.Join(cgroupRoot, "freezer", path, v1)
+	if _, err := os.Stat(f); err == nil {
+		return f
+	}
+	return filepath.Join(cgroupRoot, path, v2)
+}
+
 // VforkWaiters lists the tasks of the cgroup at path that wait for a
 // vfork child (their kernel wait channel is kernel_clone, where the
 // parent of a vfork sleeps until the child execs or exits).
 func VforkWaiters(path string) ([]int, error) {
-	tasks := filepath.Join(cgroupRoot, "freezer", path, "tasks")
-	if _, err := os.Stat(tasks); err != nil {
-		tasks = filepath.Join(cgroupRoot, path, "cgroup.threads") // v2
-	}
-	b, err := os.ReadFile(tasks)
+	b, err := os.ReadFile(cgroupFile(path, "tasks", "cgroup.threads"))
 	if err != nil {
 		return nil, err
 	}

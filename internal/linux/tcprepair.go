@@ -26,11 +26,7 @@ import (
 // which sends a window probe, as CRIU does. Sockets in normal mode are not
 // touched.
 func EndTCPRepair(path string) (int, error) {
-	procs := filepath.Join(cgroupRoot, "freezer", path, "cgroup.procs")
-	if _, err := os.Stat(procs); err != nil {
-		procs = filepath.Join(cgroupRoot, path, "cgroup.procs") // v2
-	}
-	b, err := os.ReadFile(procs)
+	b, err := os.ReadFile(cgroupFile(path, "cgroup.procs", "cgroup.procs"))
 	if err != nil {
 		return 0, fmt.Errorf("end tcp repair: %w", err)
 	}

@@ -95,8 +95,8 @@ var ErrInvalidSpec = errors.New("invalid testbed spec")
 // Validate checks the spec: names, sizes and link parameters.
 func (s Spec) Validate() error {
 	var errs []error
-	if !nameRE.MatchString(s.Name) {
-		errs = append(errs, fmt.Errorf("testbed name %q: want 1-10 lowercase letters/digits starting with a letter", s.Name))
+	if err := CheckName(s.Name); err != nil {
+		errs = append(errs, err)
 	}
 	if len(s.Nodes) == 0 || len(s.Nodes) > MaxNodes {
 		errs = append(errs, fmt.Errorf("nodes: want 1..%d, got %d", MaxNodes, len(s.Nodes)))
