@@ -192,10 +192,7 @@ func TestGroupMigrates(t *testing.T) {
 func TestGroupRollsBackAsOne(t *testing.T) {
 	e := newEnv(t)
 	wrap := runcWrapper(t, "web", "echo 'injected restore failure of web' >&2; exit 1")
-	spec := testbed.DefaultSpec(e.name, 2, 1)
-	spec.Clients[0].Link.RateBps = 1_000_000_000
-	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node1": {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
-	e.logsOnFailure(st)
+	st := e.upWithRunc(map[string]string{"node1": wrap})
 	const n, size = 5_000, 1000
 	db, web := e.redisGroup(st, n, size)
 	link := replicaLinkID(t, db)
@@ -231,16 +228,9 @@ func TestGroupRollsBackAsOne(t *testing.T) {
 // with the source's reason, no job running there.
 func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
 	e := newEnv(t)
-	path := os.Getenv("PATH")
 	dumpFails := runcWrapperFor(t, "checkpoint", "db", "sleep 1; echo 'injected dump failure of db' >&2; exit 1")
 	slowRestore := runcWrapper(t, "web", "sleep 120")
-	spec := testbed.DefaultSpec(e.name, 2, 1)
-	spec.Clients[0].Link.RateBps = 1_000_000_000
-	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{
-		"node0": {"PATH=" + dumpFails + ":" + path},
-		"node1": {"PATH=" + slowRestore + ":" + path},
-	}})
-	e.logsOnFailure(st)
+	st := e.upWithRunc(map[string]string{"node0": dumpFails, "node1": slowRestore})
 	const n, size = 2_000, 1000
 	db, web := e.redisGroup(st, n, size)
 	link := replicaLinkID(t, db)
@@ -312,10 +302,7 @@ func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
 func TestGroupPostCopySourceCrash(t *testing.T) {
 	e := newEnv(t)
 	slowDump := runcWrapperFor(t, "checkpoint", "db", "sleep 3")
-	spec := testbed.DefaultSpec(e.name, 2, 1)
-	spec.Clients[0].Link.RateBps = 1_000_000_000
-	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node0": {"PATH=" + slowDump + ":" + os.Getenv("PATH")}}})
-	e.logsOnFailure(st)
+	st := e.upWithRunc(map[string]string{"node0": slowDump})
 	const n, size = 2_000, 1000
 	db, web := e.redisGroup(st, n, size)
 	link := replicaLinkID(t, db)
@@ -405,10 +392,7 @@ func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
 	// it still restoring there (web restored), the case where rolling
 	// back on the member's own account would split the group.
 	wrap := runcWrapper(t, "db", "sleep 5")
-	spec := testbed.DefaultSpec(e.name, 2, 1)
-	spec.Clients[0].Link.RateBps = 1_000_000_000
-	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{"node1": {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
-	e.logsOnFailure(st)
+	st := e.upWithRunc(map[string]string{"node1": wrap})
 	const n, size = 20, 1 << 20
 	db, web := e.redisGroup(st, n, size)
 	link := replicaLinkID(t, db)
@@ -448,6 +432,22 @@ func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
 		t.Error("the restarted source settled the members without looking at their group's commit")
 	}
 	e.checkGroupIntact("after the source agent died at the group's commit", db, web, "node1", link, n, size, 1)
+}
+
+// upWithRunc brings up two nodes and a client on a 1 Gbit/s access link,
+// each node of wrappers with its agent finding runc in the directory
+// given (a runcWrapper) before the real one.
+func (e *env) upWithRunc(wrappers map[string]string) *testbed.State {
+	e.t.Helper()
+	agentEnv := map[string][]string{}
+	for node, dir := range wrappers {
+		agentEnv[node] = []string{"PATH=" + dir + ":" + os.Getenv("PATH")}
+	}
+	spec := testbed.DefaultSpec(e.name, 2, 1)
+	spec.Clients[0].Link.RateBps = 1_000_000_000
+	st := e.upAPI(spec, testbed.Options{AgentEnv: agentEnv})
+	e.logsOnFailure(st)
+	return st
 }
 
 // runcWrapper returns a directory holding a runc that runs the shell

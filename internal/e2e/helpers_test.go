@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/testutil"
 )
 
@@ -144,7 +145,7 @@ func (e *env) startDemo(args ...string) *demoRun {
 			}
 			e.t.Logf("demo stopped at the end of the test; its stderr ends:\n%s", tail(d.errb.String(), 3000))
 		}
-		if m, _ := filepath.Glob("/run/netns/eh-" + e.name + "-*"); len(m) > 0 {
+		if m, _ := filepath.Glob(linux.NetNSPath("eh-" + e.name + "-*")); len(m) > 0 {
 			if _, errs, err := e.run("testbed", "down"); err != nil {
 				e.t.Errorf("testbed down: %v: %s", err, errs)
 			}

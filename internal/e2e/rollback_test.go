@@ -207,9 +207,7 @@ func (e *env) redisWithFailingRunc(node, verb string) (*testbed.State, *redisCon
 	if err := os.WriteFile(filepath.Join(wrap, "runc"), []byte(script), 0o755); err != nil {
 		e.t.Fatal(err)
 	}
-	spec := testbed.DefaultSpec(e.name, 2, 1)
-	spec.Clients[0].Link.RateBps = 1_000_000_000
-	st := e.upAPI(spec, testbed.Options{AgentEnv: map[string][]string{node: {"PATH=" + wrap + ":" + os.Getenv("PATH")}}})
+	st := e.upWithRunc(map[string]string{node: wrap})
 	_, rc := e.redisWithData(st, 5_000, 1000)
 	return st, rc
 }
