@@ -88,8 +88,28 @@ func New(cfg Config) (*Agent, error) {
 		a.peers[p.Name] = api.NewTCPClient(p.API, &http.Client{Timeout: 5 * time.Second,
 			Transport: &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConnsPerHost: 4}})
 	}
-	a.rt = &runc.Runtime{Binary: "runc", Root: filepath.Join(cfg.StateDir, "runc"), Log: a.log}
+	a.rt = &runc.Runtime{Binary: "runc", Root: filepath.Join(cfg.StateDir, "runc"), Shim: criuShim(cfg.CRIUShim), Log: a.log}
 	return a, nil
+}
+
+// criuShim resolves Config.CRIUShim: edgehop-criu next to this executable
+// when it is there, unless turned off.
+func criuShim(cfg string) string {
+	switch cfg {
+	case "off":
+		return ""
+	case "":
+		exe, err := os.Executable()
+		if err != nil {
+			return ""
+		}
+		p := filepath.Join(filepath.Dir(exe), runc.ShimName)
+		if _, err := os.Stat(p); err != nil {
+			return ""
+		}
+		return p
+	}
+	return cfg
 }
 
 // Run sets up the node's overlay, serves the API until ctx is done, then

@@ -54,6 +54,10 @@ type Config struct {
 	// engines' default profile (moby's). Default true; false runs
 	// containers unconfined.
 	Seccomp *bool `json:"seccomp,omitempty"`
+	// CRIUShim is edgehop's criu shim (runc.Runtime.Shim): "" finds
+	// edgehop-criu next to the agent's executable, "off" runs CRIU
+	// directly.
+	CRIUShim string `json:"criu_shim,omitempty"`
 
 	Log *slog.Logger `json:"-"`
 }

@@ -168,8 +168,7 @@ type outgoing struct {
 	budget    time.Duration
 	fctx      context.Context // the frozen window: bounded by the budget
 	fcancel   context.CancelFunc
-	ckCancel  context.CancelFunc // aborts a lazy dump
-	ckDone    chan error         // a lazy dump's end
+	ck        *checkpoint // the dump, from just before the freeze
 	peerMsg   chan peerMessage
 	cleanup   []func()
 }
@@ -258,6 +257,11 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 	case migration.ActRounds:
 		return o.event(ctx, migration.EvRoundsDone, o.rounds(ctx))
 	case migration.ActFreeze:
+		// runc and CRIU start now, while the service runs, and wait
+		// at the gate that the freeze opens.
+		if err := o.startDump(ctx); err != nil {
+			return o.event(ctx, migration.EvFrozen, err)
+		}
 		if o.unit != nil {
 			// The unit's members freeze together.
 			if err := o.unit.arrive(ctx, stageFreeze, o.stateBytes()); err != nil {
@@ -440,7 +444,6 @@ func (o *outgoing) freeze() error {
 		}()
 		o.cleanup = append(o.cleanup, func() { pcancel(); <-done })
 	}
-	_ = os.RemoveAll(o.rec.ImageDir)
 	if o.warm != nil {
 		wctx, wcancel := context.WithTimeout(a.runCtx, reserveWait)
 		_ = o.warm.Wait(wctx)
@@ -591,34 +594,87 @@ func (o *outgoing) acceptQueued(ctx context.Context) {
 	}
 }
 
-// dump checkpoints the service; a lazy dump returns once its page server
-// is up and goes on serving pages.
-func (o *outgoing) dump() error {
+// checkpoint is the service's dump, run by runc from before the freeze.
+type checkpoint struct {
+	gate   *runc.Gate
+	cancel context.CancelFunc // calls it off, or aborts it (lazy: CRIU resumes the service)
+	ready  chan struct{}      // lazy: closed when the page server is up
+	done   chan struct{}      // closed when runc is done
+	err    error              // runc's outcome, once done is closed
+}
+
+// wait returns the dump's outcome once runc is done.
+func (c *checkpoint) wait() error {
+	<-c.done
+	return c.err
+}
+
+// gateWait bounds how long runc may take to start, probe CRIU and reach
+// the gate; the service runs meanwhile.
+const gateWait = 30 * time.Second
+
+// startDump starts the service's checkpoint and returns once CRIU waits
+// at its gate (runc.Gate), before it touches the service: runc's start,
+// its CRIU version probe and its preparations fall before the freeze,
+// outside the frozen window.
+func (o *outgoing) startDump(ctx context.Context) error {
 	a, name := o.a, o.rec.Container
+	_ = os.RemoveAll(o.rec.ImageDir)
 	// File locks (a database's fcntl locks on its data files, Apache's
 	// and PHP's lock files) are dumped and taken again on restore.
-	ckOpts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true, FileLocks: true, RealIDs: o.dumpAs}
-	var err error
+	opts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true, FileLocks: true,
+		RealIDs: o.dumpAs, Gate: runc.NewGate()}
+	ckCtx, cancel := context.WithCancel(context.WithoutCancel(a.runCtx))
+	ck := &checkpoint{gate: opts.Gate, cancel: cancel, done: make(chan struct{})}
 	if o.req.Strategy.Lazy() {
-		ckCtx, ckCancel := context.WithCancel(context.WithoutCancel(a.runCtx))
-		o.ckCancel, o.ckDone = ckCancel, make(chan error, 1)
-		o.cleanup = append(o.cleanup, ckCancel)
-		ready := make(chan struct{})
-		ckOpts.LazyPages, ckOpts.PageServer = true, o.criuPages
-		ckOpts.Ready = func() { close(ready) }
-		go func() { o.ckDone <- a.rt.Checkpoint(ckCtx, name, ckOpts) }()
+		ck.ready = make(chan struct{})
+		opts.LazyPages, opts.PageServer = true, o.criuPages
+		opts.Ready = func() { close(ck.ready) }
+	}
+	o.ck = ck
+	// Whatever ends the migration, runc is gone before the next one.
+	o.cleanup = append(o.cleanup, func() { cancel(); <-ck.done })
+	go func() {
+		defer close(ck.done)
+		ck.err = a.rt.Checkpoint(ckCtx, name, opts)
+	}()
+	select {
+	case <-ck.gate.Ready():
+		return nil
+	case <-ck.done:
+		if ck.err == nil {
+			ck.err = errors.New("checkpoint ended at its gate")
+		}
+		return fmt.Errorf("dump: %w", ck.err)
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(gateWait):
+		return fmt.Errorf("dump: runc did not reach CRIU within %s", gateWait)
+	}
+}
+
+// dump lets the checkpoint at its gate dump the frozen service; a lazy
+// dump returns once its page server is up and goes on serving pages.
+func (o *outgoing) dump() error {
+	ck := o.ck
+	ck.gate.Open()
+	var err error
+	if ck.ready != nil {
 		select {
-		case <-ready:
-		case err = <-o.ckDone:
-			o.ckDone <- err // for resume, which waits for the dump's end
-			if err == nil {
+		case <-ck.ready:
+		case <-ck.done:
+			if err = ck.err; err == nil {
 				err = errors.New("lazy dump ended before its page server was ready")
 			}
 		case <-o.fctx.Done():
 			err = context.Cause(o.fctx)
 		}
 	} else {
-		err = a.rt.Checkpoint(o.fctx, name, ckOpts)
+		// Past the frozen budget runc is killed and CRIU resumes the
+		// service.
+		stop := context.AfterFunc(o.fctx, ck.cancel)
+		err = ck.wait()
+		stop()
 	}
 	if err != nil {
 		return fmt.Errorf("dump: %w", err)
@@ -842,7 +898,7 @@ func (o *outgoing) askDest() migration.Event {
 // or the link before that loses the service: post-copy's risk, which no
 // rollback can cover.
 func (o *outgoing) awaitLazy() error {
-	err := <-o.ckDone
+	err := o.ck.wait()
 	o.tm.Mark(migration.PhaseLazy)
 	o.res.BytesOnWire += o.a.pages.movedBytes(o.pageToken, 2*time.Second)
 	if o.res.Precopy != nil {
@@ -884,18 +940,19 @@ func (o *outgoing) abortPeer(cause error) {
 	o.conn.Close()
 }
 
-// abortLazyDump ends a lazy dump that is still serving pages: CRIU
-// resumes the service, and its connections leave the repair mode CRIU
-// leaves them in then.
-func (o *outgoing) abortLazyDump() {
-	if o.ckCancel == nil {
+// abortDump calls off a dump still at its gate, or ends a lazy dump that
+// is still serving pages: CRIU resumes the service, and its connections
+// leave the repair mode CRIU leaves them in then. It returns once runc is
+// done.
+func (o *outgoing) abortDump() {
+	ck := o.ck
+	if ck == nil {
 		return
 	}
-	o.ckCancel()
-	if err := <-o.ckDone; err != nil {
+	ck.cancel()
+	if err := ck.wait(); err != nil && ck.ready != nil {
 		o.a.endTCPRepair(o.rec.Container)
 	}
-	o.ckCancel = nil
 }
 
 // endTCPRepair takes the connections of container name out of the
@@ -915,7 +972,7 @@ func (a *Agent) endTCPRepair(name string) {
 // overlay back here.
 func (o *outgoing) resume() error {
 	a, name, ctx := o.a, o.rec.Container, context.WithoutCancel(o.a.runCtx)
-	o.abortLazyDump()
+	o.abortDump()
 	uerr := netplane.Unlock(a.nsPath(name)) // a CRIU configured to lock
 	uerr = errors.Join(uerr, linux.ThawCgroup(ctx, a.cgroupsPath(name)))
 	uerr = errors.Join(uerr, a.plane.SetHostLink(name, true))
@@ -937,7 +994,7 @@ func (o *outgoing) resume() error {
 func (o *outgoing) restoreLocal() error {
 	// Cancelling a lazy dump makes CRIU abort it: the service resumes
 	// where it was, with all its memory.
-	o.abortLazyDump()
+	o.abortDump()
 	if o.conn != nil {
 		o.conn.Close()
 	}

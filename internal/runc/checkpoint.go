@@ -57,6 +57,10 @@ type CheckpointOpts struct {
 	// ManageCgroupsMode is runc's --manage-cgroups-mode: "" (runc's
 	// default, soft), "soft", "full" or "strict".
 	ManageCgroupsMode string
+	// Gate, when set, holds CRIU back before it touches the container
+	// until Gate.Open (see Gate); Checkpoint returns an error wrapping
+	// errGateClosed if ctx ends first.
+	Gate *Gate
 	// RealIDs, when set, are the real uid and gid runc and CRIU run
 	// with; their effective ids and capabilities stay root's. CRIU reads
 	// every process's rlimits, which the kernel allows without
@@ -189,6 +193,18 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 		}()
 	}
 	inv.args = args
+	if o.Gate != nil {
+		gctx, gcancel := context.WithCancel(ctx)
+		defer gcancel()
+		name, closeGate, err := r.gate(gctx, o.Gate)
+		if err != nil {
+			return fmt.Errorf("checkpoint %s: %w", id, err)
+		}
+		if name != "" {
+			defer closeGate()
+			inv.env = append(inv.env, shimEnvGate+"="+name)
+		}
+	}
 	if o.LazyPages {
 		// Killing runc would orphan its CRIU, which keeps the container
 		// stopped while it waits for a page client forever. Instead make

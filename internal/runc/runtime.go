@@ -32,6 +32,12 @@ type Runtime struct {
 	// CRIU is the criu executable given to runc and used by the page
 	// server daemons; "criu" looked up on PATH when empty.
 	CRIU string
+	// Shim is edgehop's criu shim (cmd/edgehop-criu, ShimName): runc is
+	// given it as its criu, and it runs CRIU (the binary above) for runc.
+	// It answers runc's version probe itself and can hold a dump at a
+	// Gate. Empty: runc runs CRIU directly, and a Gate holds runc back
+	// instead.
+	Shim string
 	// Root is runc's state directory (runc --root); required, absolute.
 	Root string
 	// Log receives a debug record per runc command, an info record per
@@ -43,6 +49,7 @@ type Runtime struct {
 	// or restored, by id, until Delete, a stopping Checkpoint, or Close
 	// ends them. Guarded by mu.
 	streams map[string]*streams
+	shim    shimState
 }
 
 // Status is a container's runc status.
@@ -148,6 +155,8 @@ type invocation struct {
 	// realIDs, when set, runs runc with these real ids (setpriv), its
 	// effective ids and capabilities unchanged.
 	realIDs *IDs
+	// env is added to runc's environment (which CRIU inherits).
+	env []string
 }
 
 // cmdWaitDelay is how long a runc command may run on after its context
@@ -174,10 +183,19 @@ func (r *Runtime) exec(ctx context.Context, inv invocation) ([]byte, error) {
 	}
 	logPath := filepath.Join(tmp, "runc.log")
 	args := []string{"--root", r.Root, "--log", logPath, "--log-format", "json"}
+	env := inv.env
 	if inv.criu {
 		criu, err := r.criuPath()
 		if err != nil {
 			return nil, err
+		}
+		shim, err := r.shimPath()
+		if err != nil {
+			return nil, err
+		}
+		if shim != "" {
+			env = append(env, r.shimEnv(ctx, criu)...)
+			criu = shim
 		}
 		args = append(args, "--criu", criu)
 	}
@@ -199,6 +217,9 @@ func (r *Runtime) exec(ctx context.Context, inv invocation) ([]byte, error) {
 	}
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.WaitDelay = cmdWaitDelay
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	switch {
 	case inv.cancel != nil:
 		cmd.Cancel = inv.cancel

@@ -1,0 +1,152 @@
+/*
+ * edgehop-criu: the criu that runc runs for edgehop's checkpoints and
+ * restores. It stands in front of the real criu (EDGEHOP_CRIU) so that
+ * runc's work stays out of the frozen window:
+ *
+ *  - runc asks `criu swrk` for CRIU's version before every checkpoint and
+ *    restore. Started as CRIU, that costs ~7 ms; this program answers
+ *    with CRIU's own reply, recorded once by the agent
+ *    (EDGEHOP_CRIU_VERSION names the file), in well under 1 ms.
+ *  - A dump request waits at a gate (EDGEHOP_CRIU_GATE, an abstract unix
+ *    socket of the agent) before CRIU is started: runc starts, probes and
+ *    prepares while the service still runs; the agent freezes the service
+ *    once runc is at the gate ("ready") and then lets CRIU in ("go").
+ *    Anything else, or the agent gone, calls the dump off: this program
+ *    exits and runc fails the checkpoint without CRIU having touched the
+ *    container.
+ *
+ * Every other invocation, and any request it cannot read, goes to the real
+ * criu unchanged (execv with the same arguments and descriptors).
+ *
+ * It is C, not Go, because it runs inside runc's critical path: a static C
+ * program starts in ~0.5 ms, edgehop's Go binary in ~7 ms.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+/* criu_req_type (criu/images/rpc.proto). */
+enum { REQ_DUMP = 1, REQ_VERSION = 10 };
+
+static void run_criu(const char *criu, char **argv)
+{
+	argv[0] = (char *)criu;
+	execv(criu, argv);
+	fprintf(stderr, "edgehop-criu: exec %s: %s\n", criu, strerror(errno));
+	exit(127);
+}
+
+/*
+ * request_type reads field 1 (type, a varint) of the serialized criu_req in
+ * buf; -1 when buf is not such a message. Encoders write fields in number
+ * order, so it is the first field; nothing else is parsed.
+ */
+static long request_type(const unsigned char *buf, ssize_t n)
+{
+	long v = 0;
+	int shift = 0;
+	ssize_t i;
+
+	if (n < 2 || buf[0] != 0x08)
+		return -1;
+	for (i = 1; i < n && shift < 63; i++, shift += 7) {
+		v |= (long)(buf[i] & 0x7f) << shift;
+		if (!(buf[i] & 0x80))
+			return v;
+	}
+	return -1;
+}
+
+/* reply_version answers a version request from the recorded reply; 0 on success. */
+static int reply_version(int sk, const char *path)
+{
+	unsigned char req[64], resp[4096];
+	ssize_t n;
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return -1;
+	n = read(fd, resp, sizeof(resp));
+	close(fd);
+	if (n <= 0 || n == sizeof(resp))
+		return -1;
+	if (recv(sk, req, sizeof(req), 0) < 0)
+		return -1;
+	if (send(sk, resp, n, MSG_NOSIGNAL) != n) {
+		fprintf(stderr, "edgehop-criu: send version: %s\n", strerror(errno));
+		exit(1);
+	}
+	exit(0);
+}
+
+/* await_gate returns when the agent lets the dump in, and exits otherwise. */
+static void await_gate(const char *name)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	size_t len = strlen(name);
+	char word[16];
+	ssize_t n;
+	int sk;
+
+	if (len == 0 || len >= sizeof(sa.sun_path) - 1) {
+		fprintf(stderr, "edgehop-criu: bad gate name\n");
+		exit(1);
+	}
+	memcpy(sa.sun_path + 1, name, len); /* abstract: sun_path[0] is 0 */
+	sk = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (sk < 0 || connect(sk, (struct sockaddr *)&sa, offsetof(struct sockaddr_un, sun_path) + 1 + len) < 0) {
+		fprintf(stderr, "edgehop-criu: gate %s: %s\n", name, strerror(errno));
+		exit(1);
+	}
+	if (send(sk, "ready\n", 6, MSG_NOSIGNAL) != 6) {
+		fprintf(stderr, "edgehop-criu: gate: %s\n", strerror(errno));
+		exit(1);
+	}
+	do
+		n = recv(sk, word, sizeof(word) - 1, 0);
+	while (n < 0 && errno == EINTR);
+	if (n < 3 || memcmp(word, "go\n", 3) != 0) {
+		fprintf(stderr, "edgehop-criu: dump called off by the agent\n");
+		exit(1);
+	}
+	close(sk);
+}
+
+int main(int argc, char **argv)
+{
+	const char *criu = getenv("EDGEHOP_CRIU");
+	const char *version = getenv("EDGEHOP_CRIU_VERSION");
+	const char *gate = getenv("EDGEHOP_CRIU_GATE");
+	unsigned char buf[64];
+	char *end;
+	long sk, type;
+	ssize_t n;
+
+	if (!criu || criu[0] != '/') {
+		fprintf(stderr, "edgehop-criu: EDGEHOP_CRIU must name the real criu by absolute path\n");
+		return 127;
+	}
+	if (argc != 3 || strcmp(argv[1], "swrk") != 0)
+		run_criu(criu, argv);
+	errno = 0;
+	sk = strtol(argv[2], &end, 10);
+	if (errno || *end || sk < 0 || sk > 1 << 20)
+		run_criu(criu, argv);
+	do
+		n = recv((int)sk, buf, sizeof(buf), MSG_PEEK);
+	while (n < 0 && errno == EINTR);
+	type = request_type(buf, n);
+	if (type == REQ_VERSION && version && version[0])
+		reply_version((int)sk, version); /* returns only when it cannot */
+	if (type == REQ_DUMP && gate && gate[0])
+		await_gate(gate);
+	run_criu(criu, argv);
+	return 127;
+}

@@ -1,0 +1,245 @@
+package runc
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/checkpoint-restore/go-criu/v7/rpc"
+	"golang.org/x/sys/unix"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/edgehop/edgehop/internal/linux"
+)
+
+// ShimName is the file name of edgehop's criu shim (cmd/edgehop-criu),
+// installed next to the edgehop binary.
+const ShimName = "edgehop-criu"
+
+// The shim's environment (see cmd/edgehop-criu).
+const (
+	shimEnvCRIU    = "EDGEHOP_CRIU"
+	shimEnvVersion = "EDGEHOP_CRIU_VERSION"
+	shimEnvGate    = "EDGEHOP_CRIU_GATE"
+)
+
+// versionReplyFile is where, under Root, the Runtime keeps CRIU's reply
+// to a version request for the shim to replay. runc lists only
+// directories there.
+const versionReplyFile = ".criu-version-reply"
+
+// shimState is what a Runtime learnt once about its shim.
+type shimState struct {
+	once    sync.Once
+	version string // path of CRIU's recorded version reply; "" if none
+}
+
+// shimEnv is the environment that makes runc use the shim: the real criu
+// and, when recorded, CRIU's version reply.
+func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
+	r.shim.once.Do(func() {
+		path := filepath.Join(r.Root, versionReplyFile)
+		if err := recordVersionReply(ctx, criu, path); err != nil {
+			r.logger().Warn("criu version reply not recorded; runc's version probe runs criu", "err", err)
+			return
+		}
+		r.shim.version = path
+	})
+	env := []string{shimEnvCRIU + "=" + criu}
+	if r.shim.version != "" {
+		env = append(env, shimEnvVersion+"="+r.shim.version)
+	}
+	return env
+}
+
+// recordVersionReply asks criu for its version as runc does (a VERSION
+// request to `criu swrk`) and stores the raw reply at path.
+func recordVersionReply(ctx context.Context, criu, path string) error {
+	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socketpair: %w", err)
+	}
+	client, server := os.NewFile(uintptr(fds[0]), "criu-client"), os.NewFile(uintptr(fds[1]), "criu-server")
+	defer client.Close()
+	cmd := exec.CommandContext(ctx, criu, "swrk", "3")
+	cmd.ExtraFiles = []*os.File{server}
+	err = cmd.Start()
+	server.Close()
+	if err != nil {
+		return fmt.Errorf("start criu swrk: %w", err)
+	}
+	defer func() { _ = cmd.Wait() }()
+	req, err := proto.Marshal(&rpc.CriuReq{Type: rpc.CriuReqType_VERSION.Enum()})
+	if err != nil {
+		return err
+	}
+	if _, err := client.Write(req); err != nil {
+		return fmt.Errorf("send version request: %w", err)
+	}
+	_ = client.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 4096)
+	n, err := client.Read(buf)
+	if err != nil {
+		return fmt.Errorf("read version reply: %w", err)
+	}
+	var resp rpc.CriuResp
+	if err := proto.Unmarshal(buf[:n], &resp); err != nil {
+		return fmt.Errorf("version reply: %w", err)
+	}
+	if !resp.GetSuccess() || resp.GetType() != rpc.CriuReqType_VERSION || resp.GetVersion().GetMajorNumber() == 0 {
+		return fmt.Errorf("criu gave no version (success %v, type %v)", resp.GetSuccess(), resp.GetType())
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return linux.WriteFileAtomic(path, buf[:n], 0o644)
+}
+
+// A Gate holds a checkpoint's CRIU back before it touches the container
+// (CheckpointOpts.Gate): runc starts, asks for CRIU's version and prepares
+// the dump while the service still runs, so that none of it falls in the
+// frozen window. The caller waits for Ready, freezes the service, and
+// calls Open; a checkpoint whose context ends first is called off with the
+// container untouched.
+type Gate struct {
+	ready, open         chan struct{}
+	readyOnce, openOnce sync.Once
+}
+
+// NewGate returns a closed gate.
+func NewGate() *Gate {
+	return &Gate{ready: make(chan struct{}), open: make(chan struct{})}
+}
+
+// Ready is closed once CRIU waits at the gate (at once on a Runtime
+// without the shim: runc then starts only when the gate opens).
+func (g *Gate) Ready() <-chan struct{} { return g.ready }
+
+// Open lets CRIU dump the container.
+func (g *Gate) Open() { g.openOnce.Do(func() { close(g.open) }) }
+
+func (g *Gate) markReady() { g.readyOnce.Do(func() { close(g.ready) }) }
+
+// listenGate opens the gate's abstract unix socket in this network
+// namespace (which runc and CRIU share) and serves the shim's one
+// connection until stop is closed. It returns the socket's name.
+func (g *Gate) listen(stop <-chan struct{}, log func(string, ...any)) (string, func(), error) {
+	var b [12]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return "", nil, err
+	}
+	name := "edgehop-gate-" + hex.EncodeToString(b[:])
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: "@" + name, Net: "unix"})
+	if err != nil {
+		return "", nil, fmt.Errorf("gate socket: %w", err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		g.serve(l, stop, log)
+	}()
+	return name, func() { l.Close(); wg.Wait() }, nil
+}
+
+func (g *Gate) serve(l *net.UnixListener, stop <-chan struct{}, log func(string, ...any)) {
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-stop:
+			l.Close()
+		case <-done:
+		}
+	}()
+	for {
+		c, err := l.AcceptUnix()
+		if err != nil {
+			return
+		}
+		if err := g.admit(c, stop); err != nil {
+			log("criu gate", "err", err)
+			c.Close()
+			continue
+		}
+		c.Close()
+		return
+	}
+}
+
+// admit takes the shim's "ready" and answers "go" once the gate opens; a
+// connection from anything but a root process is refused.
+func (g *Gate) admit(c *net.UnixConn, stop <-chan struct{}) error {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return err
+	}
+	if cerr != nil {
+		return cerr
+	}
+	if cred.Uid != 0 {
+		return fmt.Errorf("peer pid %d uid %d is not root", cred.Pid, cred.Uid)
+	}
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		return fmt.Errorf("peer pid %d said %q: %v", cred.Pid, line, err)
+	}
+	g.markReady()
+	select {
+	case <-g.open:
+		_, err := c.Write([]byte("go\n"))
+		return err
+	case <-stop:
+		return nil // closing calls the dump off
+	}
+}
+
+// shimPath resolves the shim; "" when the Runtime has none.
+func (r *Runtime) shimPath() (string, error) {
+	if r.Shim == "" {
+		return "", nil
+	}
+	if _, err := os.Stat(r.Shim); err != nil {
+		return "", fmt.Errorf("criu shim: %w", err)
+	}
+	return r.Shim, nil
+}
+
+// errGateClosed is a gated checkpoint called off before its gate opened.
+var errGateClosed = errors.New("checkpoint called off before the freeze")
+
+// gate readies g for a checkpoint: with the shim it returns the gate's
+// socket name for the shim and a function that closes it; without, it
+// marks g ready and waits for it to open (runc then starts only at the
+// gate's opening).
+func (r *Runtime) gate(ctx context.Context, g *Gate) (string, func(), error) {
+	shim, err := r.shimPath()
+	if err != nil {
+		return "", nil, err
+	}
+	if shim == "" {
+		g.markReady()
+		select {
+		case <-g.open:
+			return "", nil, nil
+		case <-ctx.Done():
+			return "", nil, fmt.Errorf("%w: %w", errGateClosed, context.Cause(ctx))
+		}
+	}
+	return g.listen(ctx.Done(), r.logger().Warn)
+}

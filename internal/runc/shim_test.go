@@ -1,0 +1,90 @@
+package runc_test
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/runc"
+	"github.com/edgehop/edgehop/internal/testutil"
+)
+
+// advancing fails the test unless the counter in b goes on counting (the
+// container runs and is not frozen).
+func advancing(t *testing.T, b *syncBuffer, what string) int {
+	t.Helper()
+	n := len(b.ints(t))
+	waitCount(t, b, n+3)
+	return n + 3
+}
+
+// TestGatedCheckpoint: a checkpoint with a gate waits, with runc started
+// and CRIU not yet run, while the container runs on; called off, it fails
+// and leaves the container running; opened, it dumps, and the container
+// restores and counts on (the shim also answers runc's version probe on
+// both).
+func TestGatedCheckpoint(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	r.Shim = runc.BuildShimForTest(t)
+	requireCRIU(t, r)
+	nsA := testutil.NewNetNS(t, "gatea")
+	id := testutil.UniqueName("gate")
+	spec := testSpec(t, nsA, counterArgs...)
+	var out syncBuffer
+	if _, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out, Stderr: &out}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, &out, 5)
+	images := filepath.Join(t.TempDir(), "images")
+
+	gated := func(ctx context.Context) (*runc.Gate, chan error) {
+		g := runc.NewGate()
+		done := make(chan error, 1)
+		go func() { done <- r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, Gate: g}) }()
+		select {
+		case <-g.Ready():
+		case err := <-done:
+			t.Fatalf("checkpoint ended before its gate: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no checkpoint at the gate after 30 s")
+		}
+		return g, done
+	}
+
+	// Called off at the gate.
+	cctx, cancel := context.WithCancel(ctx)
+	_, done := gated(cctx)
+	advancing(t, &out, "at the gate")
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("checkpoint called off at its gate succeeded")
+	}
+	if st, err := r.State(ctx, id); err != nil || st.Status != runc.StatusRunning {
+		t.Fatalf("after the called-off checkpoint: state %+v, %v; want running", st, err)
+	}
+	advancing(t, &out, "after the called-off checkpoint")
+
+	// Opened.
+	g, done := gated(ctx)
+	advancing(t, &out, "at the gate")
+	g.Open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	last := out.ints(t)
+	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
+		t.Fatalf("no images: %v", err)
+	}
+	spec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
+	var after syncBuffer
+	if _, err := r.Restore(ctx, id, writeBundle(t, spec), runc.RestoreOpts{ImagePath: images}, runc.IO{Stdout: &after, Stderr: &after}); err != nil {
+		t.Fatal(err)
+	}
+	consecutive(t, "after restore", waitCount(t, &after, 3), last[len(last)-1]+1)
+	if err := r.Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+}
