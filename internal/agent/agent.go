@@ -133,7 +133,19 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("mask directory: %w", err)
 		}
 	}
-	if err := runc.WriteCRIUConfig(a.criuConfig(), runc.SkipNetworkLock+runc.ExternalMasks(a.maskDir())); err != nil {
+	criuConf := runc.SkipNetworkLock + runc.ExternalMasks(a.maskDir())
+	// So is a container's /sys/fs/cgroup tmpfs, to a skeleton of it
+	// (runc.ExternalCgroupFS), on a cgroup v1 host.
+	cgfs := linux.IsMountPoint(a.cgroupFSDir())
+	if !cgfs {
+		if cgfs, err = runc.MountCgroupSkeleton(a.cgroupFSDir()); err != nil {
+			return fmt.Errorf("cgroup skeleton: %w", err)
+		}
+	}
+	if cgfs {
+		criuConf += runc.ExternalCgroupFS(a.cgroupFSDir())
+	}
+	if err := runc.WriteCRIUConfig(a.criuConfig(), criuConf); err != nil {
 		return fmt.Errorf("criu config: %w", err)
 	}
 	if a.cfg.Role == RoleNode {

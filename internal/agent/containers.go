@@ -394,6 +394,10 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 // (written at start: runc.SkipNetworkLock and runc.ExternalMasks).
 func (a *Agent) criuConfig() string { return filepath.Join(a.cfg.StateDir, "criu.conf") }
 
+// cgroupFSDir is the read-only skeleton of a container's /sys/fs/cgroup
+// that restored containers are bound to (runc.ExternalCgroupFS).
+func (a *Agent) cgroupFSDir() string { return filepath.Join(a.cfg.StateDir, "cgroupfs") }
+
 // maskDir is the empty read-only directory masked paths are bound to after
 // a restore (runc.ExternalMasks).
 func (a *Agent) maskDir() string { return filepath.Join(a.cfg.StateDir, "mask") }

@@ -3,6 +3,7 @@ package runc
 import (
 	"bytes"
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -57,7 +58,7 @@ func swrk(t *testing.T, shim string, env []string, req []byte) ([]byte, error) {
 	}
 	server.Close()
 	if _, err := client.Write(req); err != nil {
-		t.Fatal(err)
+		return nil, errors.Join(err, cmd.Wait()) // the shim exited first
 	}
 	_ = client.SetReadDeadline(time.Now().Add(10 * time.Second))
 	buf := make([]byte, 4096)

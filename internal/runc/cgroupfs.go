@@ -1,0 +1,126 @@
+package runc
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+
+	"golang.org/x/sys/unix"
+)
+
+// cgroupKey is the CRIU external-mount key of a container's /sys/fs/cgroup
+// tmpfs (ExternalCgroupFS).
+const cgroupKey = "edgehop-cgroupfs"
+
+// ExternalCgroupFS is CRIU configuration that keeps a container's
+// /sys/fs/cgroup tmpfs out of the images. On a cgroup v1 host runc mounts
+// a tmpfs there holding only a directory per hierarchy (each the mount
+// point of a bind of the container's cgroup) and, for hierarchies that
+// join controllers, a symlink per controller; CRIU dumps it with tar and
+// gzip and restores it with tar, 4-5 ms a side here, inside the frozen
+// window. Marked external, it is bound on restore to dir, a read-only
+// tmpfs holding the same entries (MountCgroupSkeleton), on which CRIU
+// mounts the hierarchies' binds again.
+func ExternalCgroupFS(dir string) string {
+	return fmt.Sprintf("external mnt[/sys/fs/cgroup]:%s\nexternal mnt[%s]:%s\n", cgroupKey, cgroupKey, dir)
+}
+
+// CgroupSkeleton lists what runc puts in a container's /sys/fs/cgroup
+// tmpfs on this host (runc 1.1's mountCgroupV1): a directory per cgroup v1
+// hierarchy mounted here, named after its mount point, and for a
+// hierarchy of several controllers ("cpu,cpuacct") a symlink per
+// controller to it. Both are sorted; both are empty on a cgroup v2 host,
+// where runc mounts cgroup2 instead of a tmpfs.
+func CgroupSkeleton() (dirs []string, links map[string]string, err error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer f.Close()
+	seen := map[string]bool{}
+	links = map[string]string{}
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
+	for sc.Scan() {
+		// id parent dev root mountpoint options [optional...] - fstype source superoptions
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		fields, after := strings.Fields(pre), strings.Fields(post)
+		if !ok || len(fields) < 5 || len(after) < 1 || after[0] != "cgroup" {
+			continue
+		}
+		base := filepath.Base(unescapeMountPath(fields[4]))
+		if seen[base] {
+			continue
+		}
+		seen[base] = true
+		dirs = append(dirs, base)
+		if strings.Contains(base, ",") {
+			for _, ss := range strings.Split(base, ",") {
+				links[ss] = base
+			}
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, nil, err
+	}
+	sort.Strings(dirs)
+	return dirs, links, nil
+}
+
+// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMountPath(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			var v byte
+			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
+				b.WriteByte(v)
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// MountCgroupSkeleton mounts at target (created if missing) a read-only
+// tmpfs holding CgroupSkeleton's entries, for ExternalCgroupFS. It reports
+// false, mounting nothing, on a host without cgroup v1 hierarchies.
+func MountCgroupSkeleton(target string) (bool, error) {
+	dirs, links, err := CgroupSkeleton()
+	if err != nil || len(dirs) == 0 {
+		return false, err
+	}
+	if err := os.MkdirAll(target, 0o755); err != nil {
+		return false, err
+	}
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("tmpfs", target, "tmpfs", flags, "size=64k,mode=755"); err != nil {
+		return false, fmt.Errorf("mount tmpfs at %s: %w", target, err)
+	}
+	fill := func() error {
+		for _, d := range dirs {
+			if err := os.Mkdir(filepath.Join(target, d), 0o755); err != nil {
+				return err
+			}
+		}
+		for name, to := range links {
+			if err := os.Symlink(to, filepath.Join(target, name)); err != nil && !os.IsExist(err) {
+				return err
+			}
+		}
+		return unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "")
+	}
+	if err := fill(); err != nil {
+		_ = unix.Unmount(target, unix.MNT_DETACH)
+		return false, fmt.Errorf("cgroup skeleton at %s: %w", target, err)
+	}
+	return true, nil
+}
