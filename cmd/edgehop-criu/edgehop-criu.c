@@ -16,7 +16,9 @@
  *    container.
  *
  * Every other invocation, and any request it cannot read, goes to the real
- * criu unchanged (execv with the same arguments and descriptors).
+ * criu unchanged (execv with the same arguments and descriptors); the type
+ * of the request it read is left in EDGEHOP_CRIU_REQUEST (criu_req_type's
+ * number) for whatever runs there.
  *
  * It is C, not Go, because it runs inside runc's critical path: a static C
  * program starts in ~0.5 ms, edgehop's Go binary in ~7 ms.
@@ -147,6 +149,12 @@ int main(int argc, char **argv)
 		reply_version((int)sk, version); /* returns only when it cannot */
 	if (type == REQ_DUMP && gate && gate[0])
 		await_gate(gate);
+	if (type >= 0) {
+		char t[24];
+
+		snprintf(t, sizeof(t), "%ld", type);
+		setenv("EDGEHOP_CRIU_REQUEST", t, 1);
+	}
 	run_criu(criu, argv);
 	return 127;
 }

@@ -308,7 +308,7 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
 		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
 		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes,
-			Group: r.Group, After: r.After}}
+			ShmInLayer: true, Group: r.Group, After: r.After}}
 	if err := checkProcess(m.Name, m.Process); err != nil {
 		return api.Container{}, fmt.Errorf("%w: image %q or request: %v", ErrInvalid, r.Image, err)
 	}
@@ -379,6 +379,9 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 		UID: m.UID, GID: m.GID, Groups: m.Groups, Mounts: a.volumeMounts(m),
 		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name),
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
+	if m.ShmInLayer {
+		s.ShmDir = filepath.Join(a.dir(m.Name), "upper", migration.ShmDir)
+	}
 	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {
 		return s, nil
 	}

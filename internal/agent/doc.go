@@ -49,7 +49,16 @@
 // CRIU never saves its kernel feature cache and re-probes the kernel on
 // every run (~30 ms), so the agent writes `/run/criu.kdat` itself from a
 // `criu check` in a private mount namespace over a tmpfs `/run`, again after
-// a reboot or a new CRIU. B's restore is bounded
+// a reboot or a new CRIU. runc starts before the freeze: A runs `runc
+// checkpoint` while S still serves, and runc's CRIU (edgehop-criu, a shim
+// in C in front of the real criu; runc.Gate) waits at a gate once runc has
+// started, probed CRIU's version (answered by the shim from CRIU's reply
+// recorded at start, on both nodes) and prepared the dump; A freezes S
+// and opens the gate, and calls the dump off (S untouched) on any failure
+// before it. Of CRIU's tar of the container's tmpfs mounts only /dev and
+// /dev/shm are left: the masked directories and the /sys/fs/cgroup tmpfs
+// are external mounts bound on restore to read-only copies made at the
+// agent's start (runc.ExternalMasks, runc.ExternalCgroupFS). B's restore is bounded
 // (`migration.RestoreDeadline`: 30 s plus 1 s per 32 MiB of images); a hung
 // restore is killed and A, waiting 10 s longer, restores S itself.
 //

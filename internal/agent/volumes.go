@@ -29,13 +29,25 @@ func (a *Agent) volumeMounts(m meta) []specs.Mount {
 	return out
 }
 
-// makeVolumes creates m's volume directories, each seeded, as container
+// makeVolumes creates m's /dev/shm directory (Process.ShmInLayer) and its
+// volume directories, each seeded, as container
 // engines do, with what the image holds at the volume's path (its files,
 // owner and mode); a path the image does not have becomes an empty
 // directory owned by the container's user, so a service that runs as
 // another user than root can use it. The root file system must be
 // mounted.
 func (a *Agent) makeVolumes(m meta) error {
+	if m.ShmInLayer {
+		// Like a tmpfs /dev/shm: anyone may create, only the owner
+		// remove.
+		dir := filepath.Join(a.dir(m.Name), "upper", migration.ShmDir)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return fmt.Errorf("/dev/shm: %w", err)
+		}
+		if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+			return fmt.Errorf("/dev/shm: %w", err)
+		}
+	}
 	for i, v := range m.Volumes {
 		dir := a.volumeDir(m.Name, i)
 		if err := os.MkdirAll(dir, 0o755); err != nil {

@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/testbed"
 )
 
@@ -228,7 +229,7 @@ func TestGroupRollsBackAsOne(t *testing.T) {
 // with the source's reason, no job running there.
 func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
 	e := newEnv(t)
-	dumpFails := runcWrapperFor(t, "checkpoint", "db", "sleep 1; echo 'injected dump failure of db' >&2; exit 1")
+	dumpFails := criuDumpWrapper(t, "db", failDump("injected dump failure of db"))
 	slowRestore := runcWrapper(t, "web", "sleep 120")
 	st := e.upWithRunc(map[string]string{"node0": dumpFails, "node1": slowRestore})
 	const n, size = 2_000, 1000
@@ -301,7 +302,7 @@ func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
 // here.
 func TestGroupPostCopySourceCrash(t *testing.T) {
 	e := newEnv(t)
-	slowDump := runcWrapperFor(t, "checkpoint", "db", "sleep 3")
+	slowDump := criuDumpWrapper(t, "db", "sleep 3")
 	st := e.upWithRunc(map[string]string{"node0": slowDump})
 	const n, size = 2_000, 1000
 	db, web := e.redisGroup(st, n, size)
@@ -455,6 +456,36 @@ func (e *env) upWithRunc(wrappers map[string]string) *testbed.State {
 // agent whose PATH starts with it restores name that way.
 func runcWrapper(t *testing.T, name, action string) string {
 	return runcWrapperFor(t, "restore", name, action)
+}
+
+// criuDumpWrapper returns a directory holding a runc whose CRIU runs the
+// shell command action before it dumps container name, once the dump's
+// gate has opened (the agent has frozen the service); INJECT_LOG names
+// the dump's CRIU log. The lazy dump's feature check and anything else
+// go straight to the real criu. It needs the criu shim, which tells CRIU's
+// request (EDGEHOP_CRIU_REQUEST; 1 is a dump).
+func criuDumpWrapper(t *testing.T, name, action string) string {
+	t.Helper()
+	if _, err := os.Stat(filepath.Join(filepath.Dir(binary(t)), runc.ShimName)); err != nil {
+		t.Skipf("skipped: no %s next to the edgehop binary (no C compiler at build): %v", runc.ShimName, err)
+	}
+	realCRIU, err := exec.LookPath("criu")
+	if err != nil {
+		t.Skip("skipped: criu not installed")
+	}
+	criu := filepath.Join(t.TempDir(), "criu")
+	script := "#!/bin/sh\nif [ \"$EDGEHOP_CRIU_REQUEST\" = 1 ]; then " + action + "; fi\nexec " + realCRIU + " \"$@\"\n"
+	if err := os.WriteFile(criu, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	setup := "w=; for a in \"$@\"; do [ \"$w\" = 1 ] && export INJECT_LOG=\"$a/dump.log\"; w=; [ \"$a\" = --work-path ] && w=1; done; export EDGEHOP_CRIU=" + criu
+	return runcWrapperFor(t, "checkpoint", name, setup)
+}
+
+// failDump is a criuDumpWrapper action that fails the dump a second
+// after the freeze, with msg as CRIU's error.
+func failDump(msg string) string {
+	return "sleep 1; echo \"(00.000000) Error (injected): " + msg + "\" >> \"$INJECT_LOG\"; exit 1"
 }
 
 // runcWrapperFor is runcWrapper for runc's subcommand sub (restore,

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/testutil"
 )
 
@@ -41,6 +42,12 @@ func binary(t *testing.T) string {
 			buildErr = err
 			t.Logf("%s", out)
 			return
+		}
+		// The criu shim agents use when it is next to their binary.
+		if cc, err := exec.LookPath("cc"); err == nil {
+			if out, err := exec.Command(cc, "-O2", "-static", "-o", filepath.Join(dir, runc.ShimName), "../../cmd/edgehop-criu/edgehop-criu.c").CombinedOutput(); err != nil {
+				t.Logf("criu shim not built: %v: %s", err, out)
+			}
 		}
 		probe := filepath.Join(dir, "probe")
 		if out, err := exec.Command("go", "build", "-o", probe, "github.com/edgehop/edgehop/cmd/probe").CombinedOutput(); err != nil {

@@ -10,6 +10,8 @@ import (
 
 	"github.com/edgehop/edgehop/internal/image"
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/testbed"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/empty"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
@@ -149,55 +151,21 @@ func TestImageConfigHonoured(t *testing.T) {
 // goes on growing.
 func TestImageVolumesMigrate(t *testing.T) {
 	e := newEnv(t)
-	img := "vol-nobody-" + e.name
-	e.importVariant(img, func(c *v1.Config) {
-		c.User = "nobody"
+	st := e.runShellAsNobody("vol", "i=0; while :; do i=$((i+1)); echo $i >>/data/log; sleep 0.05; done", func(c *v1.Config) {
 		c.Volumes = map[string]struct{}{"/data": {}, "/etc/skel": {}}
-		c.Entrypoint = []string{"sh", "-c", "i=0; while :; do i=$((i+1)); echo $i >>/data/log; sleep 0.05; done"}
-		c.Cmd = nil
 	})
-	st := servicesTestbed(e)
-	e.must("run", "--node", "node0", "--name", "vol", "--image", img, "--json")
-	pid := func() int {
-		var ps []ctr
-		e.mustJSON(&ps, "ps", "--json")
-		if len(ps) != 1 || ps[0].Pid <= 0 {
-			t.Fatalf("ps = %+v", ps)
+	check := func(when string, pid int) {
+		mounts, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "mountinfo"))
+		for _, v := range []string{" /data ", " /etc/skel "} {
+			if !strings.Contains(string(mounts), v) {
+				t.Fatalf("%s: %s is not a mount of the container", when, strings.TrimSpace(v))
+			}
 		}
-		return ps[0].Pid
-	}
-	// logLines waits until the log has more than n lines and checks
-	// that they count from 1 without a gap or a repeat.
-	logLines := func(when string, n int) int {
-		t.Helper()
-		deadline := time.Now().Add(20 * time.Second)
-		for {
-			p := pid()
-			b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "root", "data", "log"))
-			lines := strings.Fields(string(b))
-			if err == nil && len(lines) > n+3 {
-				for i, l := range lines {
-					if l != strconv.Itoa(i+1) {
-						t.Fatalf("%s: line %d of /data/log is %q, want %d (a write lost or repeated)", when, i+1, l, i+1)
-					}
-				}
-				mounts, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(p), "mountinfo"))
-				for _, v := range []string{" /data ", " /etc/skel "} {
-					if !strings.Contains(string(mounts), v) {
-						t.Fatalf("%s: %s is not a mount of the container", when, strings.TrimSpace(v))
-					}
-				}
-				if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(p), "root", "etc", "skel", ".profile")); err != nil {
-					t.Fatalf("%s: the seeded volume lost the image's /etc/skel/.profile: %v", when, err)
-				}
-				return len(lines)
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("%s: /data/log has %d lines (%v), want more than %d", when, len(lines), err, n+3)
-			}
-			time.Sleep(100 * time.Millisecond)
+		if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid), "root", "etc", "skel", ".profile")); err != nil {
+			t.Fatalf("%s: the seeded volume lost the image's /etc/skel/.profile: %v", when, err)
 		}
 	}
+	logLines := func(when string, n int) int { return e.countedLines(when, "/data/log", n, check) }
 	n := logLines("after run", 0)
 	e.requireNonRoot("vol")
 	for i, strategy := range strategies {
@@ -206,4 +174,80 @@ func TestImageVolumesMigrate(t *testing.T) {
 		n = logLines("after "+strategy, n)
 		t.Logf("%s -> %s: downtime %.1f ms; /data/log has %d lines, all in order", strategy, to, res.DowntimeMs, n)
 	}
+}
+
+// TestShmMigrates: a service running as nobody keeps its state only in
+// /dev/shm (a counter file, and a log it holds open and appends to); after
+// each strategy's migration it counts on from where it was, so the
+// files and the open file moved with it. /dev/shm is a directory of its
+// writable layer bound there, not a tmpfs CRIU tars.
+func TestShmMigrates(t *testing.T) {
+	e := newEnv(t)
+	st := e.runShellAsNobody("shm", "exec 3>>/dev/shm/log; while :; do read n </dev/shm/c || n=0; n=$((n+1)); echo $n >/dev/shm/c; echo $n >&3; sleep 0.05; done", nil)
+	check := func(when string, pid int) {
+		mounts, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "mountinfo"))
+		if !strings.Contains(string(mounts), "/"+migration.ShmDir+" /dev/shm ") {
+			t.Fatalf("%s: /dev/shm is not the layer's directory:\n%s", when, mounts)
+		}
+	}
+	logLines := func(when string, n int) int { return e.countedLines(when, "/dev/shm/log", n, check) }
+	n := logLines("after run", 0)
+	e.requireNonRoot("shm")
+	for i, strategy := range append(strategies, "hybrid") {
+		to := st.Nodes[(i+1)%3].Name
+		res := e.migrateOK("shm", to, strategy)
+		n = logLines("after "+strategy, n)
+		t.Logf("%s -> %s: downtime %.1f ms; /dev/shm/log has %d lines, all in order", strategy, to, res.DowntimeMs, n)
+	}
+}
+
+// countedLines waits until the file at path inside the testbed's only
+// container has more than n lines, checks that they count from 1 without
+// a gap or a repeat, runs check on the container's pid, and returns the
+// number of lines.
+func (e *env) countedLines(when, path string, n int, check func(when string, pid int)) int {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var ps []ctr
+		e.mustJSON(&ps, "ps", "--json")
+		if len(ps) != 1 || ps[0].Pid <= 0 {
+			e.t.Fatalf("%s: ps = %+v", when, ps)
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(ps[0].Pid), "root", path))
+		lines := strings.Fields(string(b))
+		if err == nil && len(lines) > n+3 {
+			for i, l := range lines {
+				if l != strconv.Itoa(i+1) {
+					e.t.Fatalf("%s: line %d of %s is %q, want %d (a write lost or repeated)", when, i+1, path, l, i+1)
+				}
+			}
+			check(when, ps[0].Pid)
+			return len(lines)
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("%s: %s has %d lines (%v), want more than %d", when, path, len(lines), err, n+3)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runShellAsNobody brings up the three-node services testbed and runs
+// container name on node0 from a variant of the services image whose user
+// is nobody and whose entrypoint is `sh -c script`, changed further by
+// change when not nil.
+func (e *env) runShellAsNobody(name, script string, change func(c *v1.Config)) *testbed.State {
+	e.t.Helper()
+	img := name + "-nobody-" + e.name
+	e.importVariant(img, func(c *v1.Config) {
+		c.User = "nobody"
+		c.Entrypoint = []string{"sh", "-c", script}
+		c.Cmd = nil
+		if change != nil {
+			change(c)
+		}
+	})
+	st := servicesTestbed(e)
+	e.must("run", "--node", "node0", "--name", name, "--image", img, "--json")
+	return st
 }

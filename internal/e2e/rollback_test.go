@@ -178,20 +178,35 @@ func TestRollbackRestoreFails(t *testing.T) {
 	}
 }
 
-// TestRollbackDumpFails: the source's checkpoint fails after the
-// destination took the service's traffic; the source takes it back and the
-// client's connection goes on.
+// TestRollbackDumpFails: the source's checkpoint fails, in CRIU after the
+// freeze (the destination took the service's traffic) or in runc before
+// it; the source takes the service back and the client's connection goes
+// on.
 func TestRollbackDumpFails(t *testing.T) {
-	e := newEnv(t)
-	st, rc := e.redisWithFailingRunc("node0", "checkpoint")
-	_, errs, err := e.run("migrate", "redis", "--to", "node1")
-	if err == nil {
-		t.Fatal("migration succeeded although the dump was made to fail")
+	for _, tc := range []struct {
+		name string
+		up   func(e *env) (*testbed.State, *redisConn)
+	}{
+		{"criu", func(e *env) (*testbed.State, *redisConn) {
+			st := e.upWithRunc(map[string]string{"node0": criuDumpWrapper(e.t, "redis", failDump("injected dump failure"))})
+			_, rc := e.redisWithData(st, 5_000, 1000)
+			return st, rc
+		}},
+		{"runc", func(e *env) (*testbed.State, *redisConn) { return e.redisWithFailingRunc("node0", "checkpoint") }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			st, rc := tc.up(e)
+			_, errs, err := e.run("migrate", "redis", "--to", "node1")
+			if err == nil {
+				t.Fatal("migration succeeded although the dump was made to fail")
+			}
+			if !strings.Contains(errs, "injected dump failure") && !strings.Contains(errs, "injected checkpoint failure") {
+				t.Errorf("error does not carry the dump failure: %s", errs)
+			}
+			e.requireResumedOnSource(st, rc, 5_000, 1000, errs, true)
+		})
 	}
-	if !strings.Contains(errs, "dump") {
-		t.Errorf("error does not carry the dump failure: %s", errs)
-	}
-	e.requireResumedOnSource(st, rc, 5_000, 1000, errs, true)
 }
 
 // redisWithFailingRunc brings up two nodes whose node's runc fails the

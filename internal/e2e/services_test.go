@@ -104,7 +104,8 @@ func (e *env) migrateOK(name, to, strategy string) serviceMig {
 	if !res.OK || res.To != to {
 		e.t.Fatalf("migrate %s to %s: %+v", name, to, res)
 	}
-	if res.DowntimeMs <= 0 || res.BytesOnWire <= 0 || (strategy == "post-copy") != hasPhase(res.PhasesMs, "lazy") {
+	lazy := strategy == "post-copy" || strategy == "hybrid"
+	if res.DowntimeMs <= 0 || res.BytesOnWire <= 0 || lazy != hasPhase(res.PhasesMs, "lazy") {
 		e.t.Errorf("migrate %s to %s (%s): implausible result %+v", name, to, strategy, res)
 	}
 	return res

@@ -290,6 +290,11 @@ type Process struct {
 	// the writable layer's VolumeDir(i), bound at the path, so it
 	// travels (and is pre-copied) with the layer.
 	Volumes []string `json:"volumes,omitempty"`
+	// ShmInLayer: the service's /dev/shm is the writable layer's ShmDir,
+	// bound there, so its files travel (and are pre-copied) with the
+	// layer rather than through CRIU's tar of a tmpfs. Services created
+	// before it have a tmpfs /dev/shm, which they keep.
+	ShmInLayer bool `json:"shm_in_layer,omitempty"`
 	// Group is the application the service belongs to (it migrates with
 	// the group's other members as one unit), After the members it
 	// depends on.
@@ -301,6 +306,10 @@ type Process struct {
 // container's volumes; the container never sees it (it is masked, as
 // runc.MaskedDirs lists).
 const VolumesDir = ".edgehop-volumes"
+
+// ShmDir is the directory of a writable layer bound at the service's
+// /dev/shm (Process.ShmInLayer).
+const ShmDir = VolumesDir + "/shm"
 
 // VolumeDir is volume i's directory relative to the writable layer.
 func VolumeDir(i int) string { return VolumesDir + "/" + strconv.Itoa(i) }

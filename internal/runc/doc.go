@@ -8,6 +8,14 @@
 // lazy or remote-page dump on the receiving node (criu lazy-pages,
 // criu page-server).
 //
+// runc can be given edgehop-criu (cmd/edgehop-criu, Runtime.Shim) as its
+// criu: it answers runc's CRIU version probe from CRIU's reply recorded
+// once, and holds a dump at a Gate until the caller has frozen the
+// service, so that neither runc's start nor its probe falls in the frozen
+// window. CRIU configuration (WriteCRIUConfig) keeps the masked
+// directories and the /sys/fs/cgroup tmpfs out of the images as external
+// mounts (ExternalMasks, ExternalCgroupFS with MountCgroupSkeleton).
+//
 // Container stdio is always a set of pipes owned by the Runtime, never a
 // host file, because CRIU cannot restore a host file descriptor inside
 // another machine's mount namespace; runc maps the pipes recorded at

@@ -43,6 +43,12 @@ type Spec struct {
 	ReadonlyRootfs bool
 	// Mounts are added after the default /proc, /dev, /sys mounts.
 	Mounts []specs.Mount
+	// ShmDir, when set, is bound at /dev/shm instead of a tmpfs there:
+	// its files are then kept by whoever keeps the directory, and CRIU,
+	// which dumps a tmpfs with tar inside the frozen window, leaves it out
+	// of the images as it does every bind mount. It must be an absolute
+	// path; mode 1777 as a tmpfs /dev/shm is.
+	ShmDir string
 	// MemoryLimit is the memory cgroup limit in bytes; 0 means none.
 	MemoryLimit int64
 	// CgroupsPath is the container's cgroup path below each hierarchy's
@@ -90,6 +96,9 @@ func (s Spec) Validate() error {
 	if s.MemoryLimit < 0 {
 		errs = append(errs, fmt.Errorf("memory limit %d is negative", s.MemoryLimit))
 	}
+	if s.ShmDir != "" && !filepath.IsAbs(s.ShmDir) {
+		errs = append(errs, fmt.Errorf("shm dir %q must be an absolute path", s.ShmDir))
+	}
 	for _, m := range s.Mounts {
 		if !filepath.IsAbs(m.Destination) {
 			errs = append(errs, fmt.Errorf("mount destination %q must be absolute", m.Destination))
@@ -127,7 +136,7 @@ func (s Spec) Config() (*specs.Spec, error) {
 		limit := s.MemoryLimit
 		resources.Memory = &specs.LinuxMemory{Limit: &limit}
 	}
-	mounts := append(defaultMounts(), s.Mounts...)
+	mounts := append(defaultMounts(s.ShmDir), s.Mounts...)
 
 	return &specs.Spec{
 		Version: specs.Version,
@@ -177,15 +186,20 @@ func hasPath(env []string) bool {
 	return false
 }
 
-func defaultMounts() []specs.Mount {
+func defaultMounts(shmDir string) []specs.Mount {
+	shm := specs.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
+		Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}}
+	if shmDir != "" {
+		shm = specs.Mount{Destination: "/dev/shm", Type: "bind", Source: shmDir,
+			Options: []string{"rbind", "nosuid", "noexec", "nodev", "rw"}}
+	}
 	return []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
 		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs",
 			Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts",
 			Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
-		{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
-			Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}},
+		shm,
 		{Destination: "/dev/mqueue", Type: "mqueue", Source: "mqueue",
 			Options: []string{"nosuid", "noexec", "nodev"}},
 		{Destination: "/sys", Type: "sysfs", Source: "sysfs",

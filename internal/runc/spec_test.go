@@ -76,6 +76,20 @@ func TestWriteBundle(t *testing.T) {
 	if !slices.Equal(dests, []string{"/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys", "/sys/fs/cgroup", "/data"}) {
 		t.Errorf("mounts %v", dests)
 	}
+	if shm := got.Mounts[3]; shm.Type != "tmpfs" {
+		t.Errorf("/dev/shm %+v, want a tmpfs", shm)
+	}
+	withShm := s
+	withShm.ShmDir = "/layer/shm"
+	if c, err := withShm.Config(); err != nil {
+		t.Error(err)
+	} else if shm := c.Mounts[3]; shm.Destination != "/dev/shm" || shm.Type != "bind" || shm.Source != "/layer/shm" || !slices.Contains(shm.Options, "nodev") {
+		t.Errorf("/dev/shm with ShmDir %+v, want a nodev bind of /layer/shm", shm)
+	}
+	withShm.ShmDir = "layer/shm"
+	if _, err := withShm.Config(); err == nil {
+		t.Error("a relative ShmDir was accepted")
+	}
 	if got.Linux.Resources.Memory == nil || *got.Linux.Resources.Memory.Limit != 64<<20 {
 		t.Errorf("memory %+v", got.Linux.Resources.Memory)
 	}
