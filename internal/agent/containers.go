@@ -321,6 +321,10 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if err := os.MkdirAll(a.dir(r.Name), 0o755); err != nil {
 		return api.Container{}, err
 	}
+	// /dev in the layer too, where device nodes work.
+	if m.DevInLayer, err = runc.DevicesAllowed(a.dir(r.Name)); err != nil {
+		return api.Container{}, err
+	}
 	if err := a.writeMeta(m); err != nil {
 		return api.Container{}, err
 	}
@@ -381,6 +385,9 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
 	if m.ShmInLayer {
 		s.ShmDir = filepath.Join(a.dir(m.Name), "upper", migration.ShmDir)
+	}
+	if m.DevInLayer {
+		s.DevDir = filepath.Join(a.dir(m.Name), "upper", migration.DevDir)
 	}
 	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {
 		return s, nil

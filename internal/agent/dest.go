@@ -274,6 +274,12 @@ func (in *incoming) setup(ctx context.Context) error {
 	if err := os.MkdirAll(a.dir(p.Name), 0o755); err != nil {
 		return err
 	}
+	if p.Process.DevInLayer {
+		if ok, err := runc.DevicesAllowed(a.dir(p.Name)); err != nil || !ok {
+			return fmt.Errorf("%s's /dev travels in its writable layer, and device nodes do not work in %s here (mounted nodev?): %v",
+				p.Name, a.cfg.StateDir, err)
+		}
+	}
 	if err := a.writeMeta(m); err != nil {
 		return err
 	}

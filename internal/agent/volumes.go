@@ -10,6 +10,7 @@ import (
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 )
@@ -29,8 +30,8 @@ func (a *Agent) volumeMounts(m meta) []specs.Mount {
 	return out
 }
 
-// makeVolumes creates m's /dev/shm directory (Process.ShmInLayer) and its
-// volume directories, each seeded, as container
+// makeVolumes creates m's /dev and /dev/shm directories
+// (Process.DevInLayer, ShmInLayer) and its volume directories, each seeded, as container
 // engines do, with what the image holds at the volume's path (its files,
 // owner and mode); a path the image does not have becomes an empty
 // directory owned by the container's user, so a service that runs as
@@ -46,6 +47,11 @@ func (a *Agent) makeVolumes(m meta) error {
 		}
 		if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
 			return fmt.Errorf("/dev/shm: %w", err)
+		}
+	}
+	if m.DevInLayer {
+		if err := runc.MakeDevDir(filepath.Join(a.dir(m.Name), "upper", migration.DevDir)); err != nil {
+			return fmt.Errorf("/dev: %w", err)
 		}
 	}
 	for i, v := range m.Volumes {

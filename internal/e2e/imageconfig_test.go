@@ -177,17 +177,20 @@ func TestImageVolumesMigrate(t *testing.T) {
 }
 
 // TestShmMigrates: a service running as nobody keeps its state only in
-// /dev/shm (a counter file, and a log it holds open and appends to); after
-// each strategy's migration it counts on from where it was, so the
-// files and the open file moved with it. /dev/shm is a directory of its
-// writable layer bound there, not a tmpfs CRIU tars.
+// /dev/shm (a counter file, and a log it holds open and appends to) and
+// uses /dev/null and /dev/zero (it exits if it cannot); after each
+// strategy's migration it counts on from where it was, so the files and
+// the open file moved with it. /dev and /dev/shm are directories of its
+// writable layer bound there, not tmpfs mounts CRIU tars.
 func TestShmMigrates(t *testing.T) {
 	e := newEnv(t)
-	st := e.runShellAsNobody("shm", "exec 3>>/dev/shm/log; while :; do read n </dev/shm/c || n=0; n=$((n+1)); echo $n >/dev/shm/c; echo $n >&3; sleep 0.05; done", nil)
+	st := e.runShellAsNobody("shm", "exec 3>>/dev/shm/log; while :; do read n </dev/shm/c || n=0; n=$((n+1)); echo $n >/dev/shm/c; echo $n >&3; sleep 0.05 </dev/zero >/dev/null || exit 1; done", nil)
 	check := func(when string, pid int) {
 		mounts, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "mountinfo"))
-		if !strings.Contains(string(mounts), "/"+migration.ShmDir+" /dev/shm ") {
-			t.Fatalf("%s: /dev/shm is not the layer's directory:\n%s", when, mounts)
+		for _, m := range []string{"/" + migration.ShmDir + " /dev/shm ", "/" + migration.DevDir + " /dev "} {
+			if !strings.Contains(string(mounts), m) {
+				t.Fatalf("%s: no mount %q (a directory of the layer):\n%s", when, m, mounts)
+			}
 		}
 	}
 	logLines := func(when string, n int) int { return e.countedLines(when, "/dev/shm/log", n, check) }

@@ -295,6 +295,10 @@ type Process struct {
 	// layer rather than through CRIU's tar of a tmpfs. Services created
 	// before it have a tmpfs /dev/shm, which they keep.
 	ShmInLayer bool `json:"shm_in_layer,omitempty"`
+	// DevInLayer: likewise its /dev is the writable layer's DevDir, made
+	// by the agent as runc makes a tmpfs /dev (runc.MakeDevDir). Only on
+	// a node whose state directory allows device nodes.
+	DevInLayer bool `json:"dev_in_layer,omitempty"`
 	// Group is the application the service belongs to (it migrates with
 	// the group's other members as one unit), After the members it
 	// depends on.
@@ -310,6 +314,10 @@ const VolumesDir = ".edgehop-volumes"
 // ShmDir is the directory of a writable layer bound at the service's
 // /dev/shm (Process.ShmInLayer).
 const ShmDir = VolumesDir + "/shm"
+
+// DevDir is the directory of a writable layer bound at the service's /dev
+// (Process.DevInLayer).
+const DevDir = VolumesDir + "/dev"
 
 // VolumeDir is volume i's directory relative to the writable layer.
 func VolumeDir(i int) string { return VolumesDir + "/" + strconv.Itoa(i) }

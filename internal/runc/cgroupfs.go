@@ -2,6 +2,7 @@ package runc
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -123,4 +124,75 @@ func MountCgroupSkeleton(target string) (bool, error) {
 		return false, fmt.Errorf("cgroup skeleton at %s: %w", target, err)
 	}
 	return true, nil
+}
+
+// devNode is a device node runc creates in a container's /dev.
+type devNode struct {
+	name         string
+	major, minor uint32
+}
+
+// defaultDevices are the nodes runc 1.1 creates in every container's /dev
+// (libcontainer/specconv's AllowedDevices that it makes), each mode 0666
+// and owned by root.
+var defaultDevices = []devNode{
+	{"null", 1, 3}, {"zero", 1, 5}, {"full", 1, 7}, {"tty", 5, 0}, {"random", 1, 8}, {"urandom", 1, 9},
+}
+
+// devLinks are the symlinks runc makes in /dev (setupPtmx,
+// setupDevSymlinks).
+var devLinks = map[string]string{
+	"fd": "/proc/self/fd", "stdin": "/proc/self/fd/0", "stdout": "/proc/self/fd/1", "stderr": "/proc/self/fd/2",
+	"core": "/proc/kcore", "ptmx": "pts/ptmx",
+}
+
+// MakeDevDir fills dir (created if missing, mode 0755) with what runc puts
+// in a container's /dev when it is a tmpfs: the default device nodes, the
+// /proc and pts symlinks, and the mount points of /dev/pts, /dev/shm and
+// /dev/mqueue. With Spec.DevDir set to it, runc binds it at /dev as it is
+// (and creates nothing there), and CRIU leaves it out of the images. Its
+// file system must allow device nodes (DevicesAllowed).
+func MakeDevDir(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return err
+	}
+	for _, d := range []string{"pts", "shm", "mqueue"} {
+		if err := os.Mkdir(filepath.Join(dir, d), 0o755); err != nil && !os.IsExist(err) {
+			return err
+		}
+	}
+	for _, n := range defaultDevices {
+		p := filepath.Join(dir, n.name)
+		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil && !errors.Is(err, unix.EEXIST) {
+			return fmt.Errorf("mknod %s: %w", p, err)
+		}
+		if err := os.Chmod(p, 0o666); err != nil { // past the umask
+			return err
+		}
+	}
+	for name, to := range devLinks {
+		if name == "core" {
+			// Only where the kernel has /proc/kcore, as runc does.
+			if _, err := os.Stat("/proc/kcore"); err != nil {
+				continue
+			}
+		}
+		if err := os.Symlink(to, filepath.Join(dir, name)); err != nil && !os.IsExist(err) {
+			return err
+		}
+	}
+	return nil
+}
+
+// DevicesAllowed reports whether device nodes work on the file system
+// holding path (it is not mounted nodev).
+func DevicesAllowed(path string) (bool, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return false, err
+	}
+	return st.Flags&unix.ST_NODEV == 0, nil
 }

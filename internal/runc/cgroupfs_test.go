@@ -44,12 +44,14 @@ func cgroupEntries(t *testing.T, dir string) ([]string, map[string]string) {
 	return dirs, links
 }
 
-// TestExternalCgroupFS: the skeleton holds what runc puts in a container's
-// /sys/fs/cgroup on this host, and a container dumped with the tmpfs
-// external restores onto the skeleton with every hierarchy mounted on it,
-// read-only, and counts on; its /dev/shm, bound from a directory, is not
-// in the images and shows the directory's files after the restore.
-func TestExternalCgroupFS(t *testing.T) {
+// TestMountsOutOfImages: the cgroup skeleton and MakeDevDir hold what runc
+// puts in a container's /sys/fs/cgroup and /dev on this host. A container
+// run with /dev and /dev/shm bound from directories and dumped with the
+// masks and the cgroup tmpfs external has no tmpfs in its images; it
+// restores onto them with every cgroup hierarchy mounted on the
+// read-only skeleton, its devices working and its /dev/shm files there,
+// and counts on.
+func TestMountsOutOfImages(t *testing.T) {
 	ctx := context.Background()
 	r := newRuntime(t)
 	requireCRIU(t, r)
@@ -79,9 +81,35 @@ func TestExternalCgroupFS(t *testing.T) {
 	}
 
 	ns := testutil.NewNetNS(t, "cgfs")
+	// runc's own /sys/fs/cgroup and /dev, in a container run as usual.
+	plain := testSpec(t, ns, counterArgs...)
+	pid, err := r.Run(ctx, "plain-"+testutil.UniqueName("c"), writeBundle(t, plain), runc.IO{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotDirs, gotLinks := cgroupEntries(t, fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", pid))
+	if !reflect.DeepEqual(gotDirs, dirs) || !reflect.DeepEqual(gotLinks, links) {
+		t.Fatalf("runc's /sys/fs/cgroup: dirs %v links %v; skeleton: dirs %v links %v", gotDirs, gotLinks, dirs, links)
+	}
+	runcDev := devEntries(t, fmt.Sprintf("/proc/%d/root/dev", pid))
+	devDir := filepath.Join(t.TempDir(), "dev")
+	if err := runc.MakeDevDir(devDir); err != nil {
+		t.Fatal(err)
+	}
+	if ours := devEntries(t, devDir); !reflect.DeepEqual(ours, runcDev) {
+		t.Fatalf("runc's /dev:\n%v\nMakeDevDir:\n%v", runcDev, ours)
+	}
+	states, _ := r.List(ctx)
+	for _, st := range states {
+		if err := r.Delete(ctx, st.ID, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+
 	id := testutil.UniqueName("cgfs")
 	spec := testSpec(t, ns, counterArgs...)
 	spec.Annotations = map[string]string{runc.CRIUConfigAnnotation: conf}
+	spec.DevDir = devDir
 	// /dev/shm a bind of a directory, as the agent makes it: out of the
 	// images too, its files kept by the directory.
 	shm := filepath.Join(t.TempDir(), "shm")
@@ -93,13 +121,8 @@ func TestExternalCgroupFS(t *testing.T) {
 	}
 	spec.ShmDir = shm
 	var out syncBuffer
-	pid, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out, Stderr: &out})
-	if err != nil {
+	if _, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out, Stderr: &out}); err != nil {
 		t.Fatal(err)
-	}
-	gotDirs, gotLinks := cgroupEntries(t, fmt.Sprintf("/proc/%d/root/sys/fs/cgroup", pid))
-	if !reflect.DeepEqual(gotDirs, dirs) || !reflect.DeepEqual(gotLinks, links) {
-		t.Fatalf("runc's /sys/fs/cgroup: dirs %v links %v; skeleton: dirs %v links %v", gotDirs, gotLinks, dirs, links)
 	}
 	waitCount(t, &out, 3)
 
@@ -108,9 +131,8 @@ func TestExternalCgroupFS(t *testing.T) {
 		t.Fatal(err)
 	}
 	last := out.ints(t)
-	// With the masks external and /dev/shm a bind, CRIU tars /dev only.
-	if tars, _ := filepath.Glob(filepath.Join(images, "tmpfs-dev-*")); len(tars) != 1 {
-		t.Errorf("want the tmpfs of /dev only in the images, got %d: %v", len(tars), tars)
+	if tars, _ := filepath.Glob(filepath.Join(images, "tmpfs-dev-*")); len(tars) != 0 {
+		t.Errorf("want no tmpfs in the images, got %d: %v", len(tars), tars)
 	}
 
 	spec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
@@ -127,6 +149,11 @@ func TestExternalCgroupFS(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(fmt.Sprintf("/proc/%d/root", pid), "dev", "shm", "seg")); err != nil || string(b) != "kept" {
 		t.Errorf("restored /dev/shm/seg: %q, %v", b, err)
 	}
+	var null unix.Stat_t
+	if err := unix.Stat(filepath.Join(fmt.Sprintf("/proc/%d/root", pid), "dev", "null"), &null); err != nil ||
+		null.Mode&unix.S_IFMT != unix.S_IFCHR || null.Rdev != unix.Mkdev(1, 3) {
+		t.Errorf("restored /dev/null: mode %o rdev %x, %v; want the null device", null.Mode, null.Rdev, err)
+	}
 	var st unix.Statfs_t
 	for _, d := range dirs {
 		if err := unix.Statfs(filepath.Join(cg, d), &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
@@ -139,4 +166,34 @@ func TestExternalCgroupFS(t *testing.T) {
 	if err := r.Delete(ctx, id, true); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// devEntries describes each entry of a /dev directory: its type, and its
+// mode, owner and device numbers, or its link target.
+func devEntries(t *testing.T, dir string) map[string]string {
+	t.Helper()
+	es, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, e := range es {
+		p := filepath.Join(dir, e.Name())
+		var st unix.Stat_t
+		if err := unix.Lstat(p, &st); err != nil {
+			t.Fatal(err)
+		}
+		d := fmt.Sprintf("mode %o uid %d gid %d", st.Mode, st.Uid, st.Gid)
+		switch st.Mode & unix.S_IFMT {
+		case unix.S_IFDIR:
+			d = "dir" // a mount point in a container: what shows is the mount's root
+		case unix.S_IFLNK:
+			to, _ := os.Readlink(p)
+			d = "-> " + to
+		case unix.S_IFCHR, unix.S_IFBLK:
+			d += fmt.Sprintf(" dev %d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		}
+		out[e.Name()] = d
+	}
+	return out
 }

@@ -49,6 +49,10 @@ type Spec struct {
 	// of the images as it does every bind mount. It must be an absolute
 	// path; mode 1777 as a tmpfs /dev/shm is.
 	ShmDir string
+	// DevDir, when set, is bound at /dev instead of a tmpfs there, and
+	// runc creates nothing in it: MakeDevDir must have filled it. CRIU
+	// leaves it out of the images as every bind mount. An absolute path.
+	DevDir string
 	// MemoryLimit is the memory cgroup limit in bytes; 0 means none.
 	MemoryLimit int64
 	// CgroupsPath is the container's cgroup path below each hierarchy's
@@ -96,8 +100,10 @@ func (s Spec) Validate() error {
 	if s.MemoryLimit < 0 {
 		errs = append(errs, fmt.Errorf("memory limit %d is negative", s.MemoryLimit))
 	}
-	if s.ShmDir != "" && !filepath.IsAbs(s.ShmDir) {
-		errs = append(errs, fmt.Errorf("shm dir %q must be an absolute path", s.ShmDir))
+	for what, dir := range map[string]string{"shm": s.ShmDir, "dev": s.DevDir} {
+		if dir != "" && !filepath.IsAbs(dir) {
+			errs = append(errs, fmt.Errorf("%s dir %q must be an absolute path", what, dir))
+		}
 	}
 	for _, m := range s.Mounts {
 		if !filepath.IsAbs(m.Destination) {
@@ -136,7 +142,7 @@ func (s Spec) Config() (*specs.Spec, error) {
 		limit := s.MemoryLimit
 		resources.Memory = &specs.LinuxMemory{Limit: &limit}
 	}
-	mounts := append(defaultMounts(s.ShmDir), s.Mounts...)
+	mounts := append(defaultMounts(s.DevDir, s.ShmDir), s.Mounts...)
 
 	return &specs.Spec{
 		Version: specs.Version,
@@ -186,7 +192,12 @@ func hasPath(env []string) bool {
 	return false
 }
 
-func defaultMounts(shmDir string) []specs.Mount {
+func defaultMounts(devDir, shmDir string) []specs.Mount {
+	dev := specs.Mount{Destination: "/dev", Type: "tmpfs", Source: "tmpfs",
+		Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}}
+	if devDir != "" {
+		dev = specs.Mount{Destination: "/dev", Type: "bind", Source: devDir, Options: []string{"rbind", "nosuid", "rw"}}
+	}
 	shm := specs.Mount{Destination: "/dev/shm", Type: "tmpfs", Source: "shm",
 		Options: []string{"nosuid", "noexec", "nodev", "mode=1777", "size=65536k"}}
 	if shmDir != "" {
@@ -195,8 +206,7 @@ func defaultMounts(shmDir string) []specs.Mount {
 	}
 	return []specs.Mount{
 		{Destination: "/proc", Type: "proc", Source: "proc"},
-		{Destination: "/dev", Type: "tmpfs", Source: "tmpfs",
-			Options: []string{"nosuid", "strictatime", "mode=755", "size=65536k"}},
+		dev,
 		{Destination: "/dev/pts", Type: "devpts", Source: "devpts",
 			Options: []string{"nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"}},
 		shm,

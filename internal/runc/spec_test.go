@@ -86,6 +86,12 @@ func TestWriteBundle(t *testing.T) {
 	} else if shm := c.Mounts[3]; shm.Destination != "/dev/shm" || shm.Type != "bind" || shm.Source != "/layer/shm" || !slices.Contains(shm.Options, "nodev") {
 		t.Errorf("/dev/shm with ShmDir %+v, want a nodev bind of /layer/shm", shm)
 	}
+	withShm.DevDir = "/layer/dev"
+	if c, err := withShm.Config(); err != nil {
+		t.Error(err)
+	} else if dev := c.Mounts[1]; dev.Destination != "/dev" || dev.Type != "bind" || dev.Source != "/layer/dev" || slices.Contains(dev.Options, "nodev") {
+		t.Errorf("/dev with DevDir %+v, want a bind of /layer/dev that allows devices", dev)
+	}
 	withShm.ShmDir = "layer/shm"
 	if _, err := withShm.Config(); err == nil {
 		t.Error("a relative ShmDir was accepted")
