@@ -55,10 +55,16 @@
 // started, probed CRIU's version (answered by the shim from CRIU's reply
 // recorded at start, on both nodes) and prepared the dump; A freezes S
 // and opens the gate, and calls the dump off (S untouched) on any failure
-// before it. Of CRIU's tar of the container's tmpfs mounts only /dev and
-// /dev/shm are left: the masked directories and the /sys/fs/cgroup tmpfs
-// are external mounts bound on restore to read-only copies made at the
-// agent's start (runc.ExternalMasks, runc.ExternalCgroupFS). B's restore is bounded
+// before it. CRIU is done with the images when it writes its last one
+// (stats-dump): A ships them from then on while runc removes the dumped
+// container, and commits once runc is done. No tmpfs is left for CRIU to
+// tar and untar (4-6 ms each, a side): the masked directories and the
+// /sys/fs/cgroup tmpfs are external mounts bound on restore to read-only
+// copies made at the agent's start (runc.ExternalMasks,
+// runc.ExternalCgroupFS), and /dev and /dev/shm are directories of the
+// writable layer bound there (migration.Process DevInLayer, ShmInLayer;
+// runc.MakeDevDir makes /dev as runc would), so their files travel, and
+// are pre-copied, with the layer. B's restore is bounded
 // (`migration.RestoreDeadline`: 30 s plus 1 s per 32 MiB of images); a hung
 // restore is killed and A, waiting 10 s longer, restores S itself.
 //

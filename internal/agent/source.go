@@ -598,7 +598,7 @@ func (o *outgoing) acceptQueued(ctx context.Context) {
 type checkpoint struct {
 	gate   *runc.Gate
 	cancel context.CancelFunc // calls it off, or aborts it (lazy: CRIU resumes the service)
-	ready  chan struct{}      // lazy: closed when the page server is up
+	ready  chan struct{}      // closed when the images may be shipped (runc.CheckpointOpts.Ready)
 	done   chan struct{}      // closed when runc is done
 	err    error              // runc's outcome, once done is closed
 }
@@ -625,11 +625,10 @@ func (o *outgoing) startDump(ctx context.Context) error {
 	opts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true, FileLocks: true,
 		RealIDs: o.dumpAs, Gate: runc.NewGate()}
 	ckCtx, cancel := context.WithCancel(context.WithoutCancel(a.runCtx))
-	ck := &checkpoint{gate: opts.Gate, cancel: cancel, done: make(chan struct{})}
+	ck := &checkpoint{gate: opts.Gate, cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
+	opts.Ready = func() { close(ck.ready) }
 	if o.req.Strategy.Lazy() {
-		ck.ready = make(chan struct{})
 		opts.LazyPages, opts.PageServer = true, o.criuPages
-		opts.Ready = func() { close(ck.ready) }
 	}
 	o.ck = ck
 	// Whatever ends the migration, runc is gone before the next one.
@@ -653,34 +652,33 @@ func (o *outgoing) startDump(ctx context.Context) error {
 	}
 }
 
-// dump lets the checkpoint at its gate dump the frozen service; a lazy
-// dump returns once its page server is up and goes on serving pages.
+// dump lets the checkpoint at its gate dump the frozen service. It
+// returns once the images may be shipped: a lazy dump goes on serving
+// pages, and runc goes on removing the container (sendState waits for it).
 func (o *outgoing) dump() error {
-	ck := o.ck
+	ck, lazy := o.ck, o.req.Strategy.Lazy()
 	ck.gate.Open()
-	var err error
-	if ck.ready != nil {
-		select {
-		case <-ck.ready:
-		case <-ck.done:
-			if err = ck.err; err == nil {
-				err = errors.New("lazy dump ended before its page server was ready")
-			}
-		case <-o.fctx.Done():
-			err = context.Cause(o.fctx)
-		}
-	} else {
+	if !lazy {
 		// Past the frozen budget runc is killed and CRIU resumes the
 		// service.
-		stop := context.AfterFunc(o.fctx, ck.cancel)
-		err = ck.wait()
-		stop()
+		context.AfterFunc(o.fctx, ck.cancel)
+	}
+	var err error
+	select {
+	case <-ck.ready:
+	case <-ck.done:
+		// A dump can end before its readiness is seen.
+		if err = ck.err; err == nil && lazy {
+			err = errors.New("lazy dump ended before its page server was ready")
+		}
+	case <-o.fctx.Done():
+		err = context.Cause(o.fctx)
 	}
 	if err != nil {
 		return fmt.Errorf("dump: %w", err)
 	}
 	o.tm.Mark(migration.PhaseDump)
-	if st, serr := runc.ReadDumpStats(o.rec.ImageDir); serr == nil && !o.req.Strategy.Lazy() {
+	if st, serr := runc.ReadDumpStats(o.rec.ImageDir); serr == nil && !lazy {
 		o.res.CRIU = dumpStatsMap(st)
 	}
 	// The destination may give up while we stream (disk full, restore
@@ -742,6 +740,13 @@ func (o *outgoing) sendState() error {
 	o.res.StateBytes += st2.PayloadBytes
 	o.res.Compressed = o.res.Compressed || st2.Compressed
 	o.tm.Mark(migration.PhaseTransfer)
+	// runc removed the dumped container meanwhile; nothing commits
+	// before it is done (a lazy dump's runc ends with its pages).
+	if !o.req.Strategy.Lazy() {
+		if err := o.ck.wait(); err != nil {
+			return fmt.Errorf("dump: %w", err)
+		}
+	}
 	return nil
 }
 

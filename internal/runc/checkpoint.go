@@ -48,11 +48,14 @@ type CheckpointOpts struct {
 	// `criu page-server` listening there (see StartPageServer) instead
 	// of writing them to ImagePath.
 	PageServer string
-	// Ready, when set, is called once when CRIU reports through runc's
-	// --status-fd that the dump is written and the lazy page server is
-	// listening (lazy pages only): the images may be shipped and the
-	// restore started from then on. It runs on a goroutine Checkpoint
-	// waits for before returning, and must not block.
+	// Ready, when set, is called once the images may be shipped and the
+	// restore started, before runc is done (Checkpoint returns only then,
+	// with the dump's outcome): with LazyPages when CRIU reports through
+	// runc's --status-fd that the dump is written and the page server
+	// listens; otherwise when CRIU has written its last image (stats-dump,
+	// written only by a dump that succeeded), while runc goes on removing
+	// the container. It runs on a goroutine Checkpoint waits for before
+	// returning, and must not block.
 	Ready func()
 	// ManageCgroupsMode is runc's --manage-cgroups-mode: "" (runc's
 	// default, soft), "soft", "full" or "strict".
@@ -91,9 +94,6 @@ func (o CheckpointOpts) Validate() error {
 		if _, _, err := net.SplitHostPort(o.PageServer); err != nil {
 			errs = append(errs, fmt.Errorf("page server %q: %w", o.PageServer, err))
 		}
-	}
-	if o.Ready != nil && !o.LazyPages {
-		errs = append(errs, errors.New("ready callback is only called for lazy pages"))
 	}
 	errs = append(errs, validCgroupsMode(o.ManageCgroupsMode))
 	if o.RealIDs != nil && (o.RealIDs.UID < 0 || o.RealIDs.GID < 0) {
@@ -173,7 +173,17 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 		readyDone chan struct{}
 		statusR   *os.File
 	)
-	if o.Ready != nil {
+	var imagesWritten func() // the non-lazy Ready, once
+	if o.Ready != nil && !o.LazyPages {
+		var once sync.Once
+		imagesWritten = func() { once.Do(o.Ready) }
+		stop, err := watchWritten(o.ImagePath, statsDumpFile, imagesWritten)
+		if err != nil {
+			return fmt.Errorf("checkpoint %s: watch images: %w", id, err)
+		}
+		defer stop()
+	}
+	if o.Ready != nil && o.LazyPages {
 		rd, wr, err := os.Pipe()
 		if err != nil {
 			return fmt.Errorf("checkpoint %s: status pipe: %w", id, err)
@@ -244,6 +254,9 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 	}
 	if err != nil {
 		return err
+	}
+	if imagesWritten != nil {
+		imagesWritten() // had the watch not seen it yet
 	}
 	r.logger().Info("checkpointed container", "id", id, "took", time.Since(start),
 		"images", o.ImagePath, "lazy", o.LazyPages, "leave_running", o.LeaveRunning)

@@ -12,9 +12,12 @@
 // criu: it answers runc's CRIU version probe from CRIU's reply recorded
 // once, and holds a dump at a Gate until the caller has frozen the
 // service, so that neither runc's start nor its probe falls in the frozen
-// window. CRIU configuration (WriteCRIUConfig) keeps the masked
-// directories and the /sys/fs/cgroup tmpfs out of the images as external
-// mounts (ExternalMasks, ExternalCgroupFS with MountCgroupSkeleton).
+// window; a dump's Ready comes when CRIU has written its last image,
+// before runc is done. CRIU configuration (WriteCRIUConfig) keeps the
+// masked directories and the /sys/fs/cgroup tmpfs out of the images as
+// external mounts (ExternalMasks, ExternalCgroupFS with
+// MountCgroupSkeleton), and a Spec can bind directories at /dev
+// (MakeDevDir) and /dev/shm instead of tmpfs mounts, which CRIU would tar.
 //
 // Container stdio is always a set of pipes owned by the Runtime, never a
 // host file, because CRIU cannot restore a host file descriptor inside

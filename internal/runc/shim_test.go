@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -40,10 +41,20 @@ func TestGatedCheckpoint(t *testing.T) {
 	waitCount(t, &out, 5)
 	images := filepath.Join(t.TempDir(), "images")
 
+	// Ready comes once CRIU has written the images (its last, stats-dump,
+	// is there).
+	var ready atomic.Int32
+	onReady := func() {
+		if _, err := os.Stat(filepath.Join(images, "stats-dump")); err == nil {
+			ready.Store(1)
+		} else {
+			ready.Store(2)
+		}
+	}
 	gated := func(ctx context.Context) (*runc.Gate, chan error) {
 		g := runc.NewGate()
 		done := make(chan error, 1)
-		go func() { done <- r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, Gate: g}) }()
+		go func() { done <- r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, Gate: g, Ready: onReady}) }()
 		select {
 		case <-g.Ready():
 		case err := <-done:
@@ -62,6 +73,9 @@ func TestGatedCheckpoint(t *testing.T) {
 	if err := <-done; err == nil {
 		t.Fatal("checkpoint called off at its gate succeeded")
 	}
+	if ready.Load() != 0 {
+		t.Error("a checkpoint called off said its images were ready")
+	}
 	if st, err := r.State(ctx, id); err != nil || st.Status != runc.StatusRunning {
 		t.Fatalf("after the called-off checkpoint: state %+v, %v; want running", st, err)
 	}
@@ -73,6 +87,9 @@ func TestGatedCheckpoint(t *testing.T) {
 	g.Open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+	if got := ready.Load(); got != 1 {
+		t.Errorf("ready: %d, want 1 (called, with stats-dump written)", got)
 	}
 	last := out.ints(t)
 	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
