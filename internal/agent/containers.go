@@ -384,10 +384,10 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name),
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
 	if m.ShmInLayer {
-		s.ShmDir = filepath.Join(a.dir(m.Name), "upper", migration.ShmDir)
+		s.ShmDir = a.inLayer(m.Name, migration.ShmDir)
 	}
 	if m.DevInLayer {
-		s.DevDir = filepath.Join(a.dir(m.Name), "upper", migration.DevDir)
+		s.DevDir = a.inLayer(m.Name, migration.DevDir)
 	}
 	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {
 		return s, nil

@@ -275,9 +275,12 @@ func (in *incoming) setup(ctx context.Context) error {
 		return err
 	}
 	if p.Process.DevInLayer {
-		if ok, err := runc.DevicesAllowed(a.dir(p.Name)); err != nil || !ok {
-			return fmt.Errorf("%s's /dev travels in its writable layer, and device nodes do not work in %s here (mounted nodev?): %v",
-				p.Name, a.cfg.StateDir, err)
+		ok, err := runc.DevicesAllowed(a.dir(p.Name))
+		if err != nil {
+			return fmt.Errorf("%s's /dev travels in its writable layer: %w", p.Name, err)
+		}
+		if !ok {
+			return fmt.Errorf("%s's /dev travels in its writable layer, and %s here is mounted nodev: device nodes would not work", p.Name, a.cfg.StateDir)
 		}
 	}
 	if err := a.writeMeta(m); err != nil {

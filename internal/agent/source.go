@@ -641,10 +641,11 @@ func (o *outgoing) startDump(ctx context.Context) error {
 	case <-ck.gate.Ready():
 		return nil
 	case <-ck.done:
-		if ck.err == nil {
-			ck.err = errors.New("checkpoint ended at its gate")
+		err := ck.err
+		if err == nil {
+			err = errors.New("checkpoint ended at its gate")
 		}
-		return fmt.Errorf("dump: %w", ck.err)
+		return fmt.Errorf("dump: %w", err)
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	case <-time.After(gateWait):

@@ -15,11 +15,14 @@ import (
 	"golang.org/x/sys/unix"
 )
 
+// inLayer is path rel of container name's writable layer on this node.
+func (a *Agent) inLayer(name, rel string) string {
+	return filepath.Join(a.dir(name), "upper", rel)
+}
+
 // volumeDir is volume i of container name on this node: a directory of
 // its writable layer, so that it travels and is pre-copied with it.
-func (a *Agent) volumeDir(name string, i int) string {
-	return filepath.Join(a.dir(name), "upper", migration.VolumeDir(i))
-}
+func (a *Agent) volumeDir(name string, i int) string { return a.inLayer(name, migration.VolumeDir(i)) }
 
 // volumeMounts binds each of m's volume directories at its path.
 func (a *Agent) volumeMounts(m meta) []specs.Mount {
@@ -30,18 +33,18 @@ func (a *Agent) volumeMounts(m meta) []specs.Mount {
 	return out
 }
 
-// makeVolumes creates m's /dev and /dev/shm directories
-// (Process.DevInLayer, ShmInLayer) and its volume directories, each seeded, as container
-// engines do, with what the image holds at the volume's path (its files,
-// owner and mode); a path the image does not have becomes an empty
-// directory owned by the container's user, so a service that runs as
-// another user than root can use it. The root file system must be
+// makeVolumes creates m's /dev and /dev/shm directories (Process
+// DevInLayer, ShmInLayer) and its volume directories, each seeded, as
+// container engines do, with what the image holds at the volume's path
+// (its files, owner and mode); a path the image does not have becomes an
+// empty directory owned by the container's user, so a service that runs
+// as another user than root can use it. The root file system must be
 // mounted.
 func (a *Agent) makeVolumes(m meta) error {
 	if m.ShmInLayer {
 		// Like a tmpfs /dev/shm: anyone may create, only the owner
 		// remove.
-		dir := filepath.Join(a.dir(m.Name), "upper", migration.ShmDir)
+		dir := a.inLayer(m.Name, migration.ShmDir)
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			return fmt.Errorf("/dev/shm: %w", err)
 		}
@@ -50,7 +53,7 @@ func (a *Agent) makeVolumes(m meta) error {
 		}
 	}
 	if m.DevInLayer {
-		if err := runc.MakeDevDir(filepath.Join(a.dir(m.Name), "upper", migration.DevDir)); err != nil {
+		if err := runc.MakeDevDir(a.inLayer(m.Name, migration.DevDir)); err != nil {
 			return fmt.Errorf("/dev: %w", err)
 		}
 	}

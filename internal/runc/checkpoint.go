@@ -61,8 +61,8 @@ type CheckpointOpts struct {
 	// default, soft), "soft", "full" or "strict".
 	ManageCgroupsMode string
 	// Gate, when set, holds CRIU back before it touches the container
-	// until Gate.Open (see Gate); Checkpoint returns an error wrapping
-	// errGateClosed if ctx ends first.
+	// until Gate.Open (see Gate); if ctx ends first, Checkpoint fails with
+	// the container untouched.
 	Gate *Gate
 	// RealIDs, when set, are the real uid and gid runc and CRIU run
 	// with; their effective ids and capabilities stay root's. CRIU reads
@@ -205,13 +205,20 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 	inv.args = args
 	if o.Gate != nil {
 		gctx, gcancel := context.WithCancel(ctx)
-		defer gcancel()
 		name, closeGate, err := r.gate(gctx, o.Gate)
 		if err != nil {
+			gcancel()
 			return fmt.Errorf("checkpoint %s: %w", id, err)
 		}
+		// Cancelled first: a gate still waiting to open (runc gone
+		// without it) gives up, and closing it returns.
+		defer func() {
+			gcancel()
+			if closeGate != nil {
+				closeGate()
+			}
+		}()
 		if name != "" {
-			defer closeGate()
 			inv.env = append(inv.env, shimEnvGate+"="+name)
 		}
 	}

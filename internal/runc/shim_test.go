@@ -3,6 +3,7 @@ package runc_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync/atomic"
 	"testing"
@@ -80,6 +81,23 @@ func TestGatedCheckpoint(t *testing.T) {
 		t.Fatalf("after the called-off checkpoint: state %+v, %v; want running", st, err)
 	}
 	advancing(t, &out, "after the called-off checkpoint")
+
+	// runc killed at the gate (not by Checkpoint's context): Checkpoint
+	// returns, the container untouched.
+	_, done = gated(ctx)
+	out2, err := exec.Command("pkill", "-KILL", "-f", "runc .*checkpoint .*"+id).CombinedOutput()
+	if err != nil {
+		t.Fatalf("pkill runc: %v %s", err, out2)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("checkpoint whose runc was killed succeeded")
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("checkpoint still running 20 s after its runc was killed at the gate")
+	}
+	advancing(t, &out, "after runc was killed at the gate")
 
 	// Opened.
 	g, done := gated(ctx)

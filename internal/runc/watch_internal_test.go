@@ -1,10 +1,14 @@
 package runc
 
 import (
+	"encoding/binary"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // TestWatchWritten: the callback comes for the named file once written and
@@ -46,4 +50,42 @@ func TestWatchWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop2()
+}
+
+// FuzzInotifyEvents: any bytes as a read of inotify events; seen never
+// panics, and finds a well-formed event's name.
+func FuzzInotifyEvents(f *testing.F) {
+	ev := func(name string) []byte {
+		b := make([]byte, unix.SizeofInotifyEvent, unix.SizeofInotifyEvent+16)
+		padded := make([]byte, 16)
+		copy(padded, name)
+		binary.NativeEndian.PutUint32(b[12:16], uint32(len(padded)))
+		return append(b, padded...)
+	}
+	f.Add(ev(statsDumpFile))
+	f.Add(append(ev("pages-1.img"), ev(statsDumpFile)...))
+	f.Add([]byte{1, 2, 3})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		_ = seen(b, statsDumpFile)
+		if !seen(append(append([]byte(nil), ev("x")...), ev(statsDumpFile)...), statsDumpFile) {
+			t.Fatal("a well-formed event not seen")
+		}
+	})
+}
+
+// FuzzUnescapeMountPath: mountinfo's escapes undone, never a panic, and
+// a path without a backslash unchanged.
+func FuzzUnescapeMountPath(f *testing.F) {
+	for _, s := range []string{`/sys/fs/cgroup/cpu,cpuacct`, `/a\040b`, `\`, `\04`, `\777x`} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got := unescapeMountPath(s)
+		if !strings.Contains(s, `\`) && got != s {
+			t.Fatalf("%q unescaped to %q", s, got)
+		}
+		if len(got) > len(s) {
+			t.Fatalf("%q grew to %q", s, got)
+		}
+	})
 }
