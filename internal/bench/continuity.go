@@ -191,6 +191,7 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		}
 		rep.Sweep = rows
 	}
+	rep.Window = frozenWindow(rep.PerRun)
 	rep.Goals = goals(rep)
 	rep.Notes = notes(rep)
 	rep.ElapsedS = time.Since(started).Seconds()

@@ -90,17 +90,20 @@ type Workload struct {
 // the top level; the podman path's are in Baseline, in the same shape.
 type Report struct {
 	Side
-	Strategy      string      `json:"strategy"`
-	Baseline      Side        `json:"baseline"`
-	Ratio         *float64    `json:"ratio"`          // baseline gap p50 ÷ edgehop gap p50
-	DowntimeRatio *float64    `json:"downtime_ratio"` // baseline downtime p50 ÷ edgehop downtime p50
-	Goals         []Goal      `json:"goals"`
-	Testbed       TestbedInfo `json:"testbed"`
-	Workload      Workload    `json:"workload"`
-	Sweep         []SweepRow  `json:"sweep,omitempty"`
-	Notes         []string    `json:"notes"`
-	Started       time.Time   `json:"started"`
-	ElapsedS      float64     `json:"elapsed_s"`
+	Strategy      string   `json:"strategy"`
+	Baseline      Side     `json:"baseline"`
+	Ratio         *float64 `json:"ratio"`          // baseline gap p50 ÷ edgehop gap p50
+	DowntimeRatio *float64 `json:"downtime_ratio"` // baseline downtime p50 ÷ edgehop downtime p50
+	// Window is edgehop's frozen window split into CRIU's own time and
+	// the rest of each phase (runs with CRIU's statistics only).
+	Window   []WindowPart `json:"window,omitempty"`
+	Goals    []Goal       `json:"goals"`
+	Testbed  TestbedInfo  `json:"testbed"`
+	Workload Workload     `json:"workload"`
+	Sweep    []SweepRow   `json:"sweep,omitempty"`
+	Notes    []string     `json:"notes"`
+	Started  time.Time    `json:"started"`
+	ElapsedS float64      `json:"elapsed_s"`
 }
 
 // SweepRow is one state size migrated once by one path.

@@ -59,6 +59,13 @@ func (r *Report) WriteText(w io.Writer) error {
 	p("ratio, gap p50 podman / edgehop:\t%s\n", ratioText(r.Ratio))
 	p("ratio, downtime p50 podman / edgehop:\t%s\n\n", ratioText(r.DowntimeRatio))
 
+	if len(r.Window) > 0 {
+		p("FROZEN WINDOW (edgehop)\tms p50\tWHAT\n")
+		for _, w := range r.Window {
+			p("%s\t%.1f\t%s\n", w.Part, w.P50Ms, w.What)
+		}
+		p("\n")
+	}
 	p("GOAL\tTARGET\tMEASURED\tMET\n")
 	for _, g := range r.Goals {
 		m, met := "not measured", "-"

@@ -35,7 +35,8 @@ type Conn struct {
 	closeOnce sync.Once
 	closeErr  error
 
-	sent atomic.Int64 // bytes handed to nc, for progress reports
+	sent    atomic.Int64 // bytes handed to nc, for progress reports
+	spliced atomic.Bool  // handed to a tunnel (Splice, openTunnel)
 
 	wmu  sync.Mutex // guards everything below up to rmu: the send side
 	bw   *bufio.Writer
@@ -120,8 +121,15 @@ func (c *Conn) Close() error {
 
 // abort closes the transport under TLS so blocked reads and writes return
 // at once; a TLS close would first try to send an alert, which can block on
-// a dead peer.
-func (c *Conn) abort() { _ = c.raw.Close() }
+// a dead peer. A spliced connection is reset: Go's TLS reads a transport
+// that ends at a record boundary without close_notify as a clean end, and
+// the peer of a tunnel torn down must see it fail, not end.
+func (c *Conn) abort() {
+	if tc, ok := c.raw.(*net.TCPConn); ok && c.spliced.Load() {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.raw.Close()
+}
 
 // watch closes the connection when ctx ends during a call. The returned
 // function stops watching, waiting for a close already under way; the

@@ -121,6 +121,7 @@ func (c *Conn) Splice(ctx context.Context, target string) (st SpliceStats, err e
 		return st, fmt.Errorf("splice to %s: %w", target, err)
 	}
 	c.rerr, c.werr = errSpliced, errSpliced
+	c.spliced.Store(true)
 	stop := c.watch(ctx)
 	defer stop()
 
@@ -187,6 +188,7 @@ func (c *Conn) openTunnel(ctx context.Context, req TunnelRequest, lc *net.TCPCon
 		return err
 	}
 	c.rerr, c.werr = errSpliced, errSpliced
+	c.spliced.Store(true)
 	stop := c.watch(ctx)
 	defer stop()
 

@@ -1,0 +1,41 @@
+package bench
+
+// WindowPart is one part of edgehop's frozen window over a path's runs:
+// its median and what it is made of.
+type WindowPart struct {
+	Part  string  `json:"part"`
+	P50Ms float64 `json:"p50_ms"`
+	What  string  `json:"what"`
+}
+
+// frozenWindow splits the frozen window of the successful runs that have
+// CRIU's statistics (stop-and-copy and pre-copy dumps) into what CRIU
+// itself spends and the rest of each phase. nil when there are none.
+func frozenWindow(runs []Migration) []WindowPart {
+	var criuDump, dumpRest, transfer, criuRestore, restoreRest, network []float64
+	for _, r := range runs {
+		frozen, fok := r.CRIU["frozen_time_us"]
+		restore, rok := r.CRIU["restore_time_us"]
+		if !r.OK || !fok || !rok {
+			continue
+		}
+		criuDump = append(criuDump, frozen/1000)
+		dumpRest = append(dumpRest, r.PhasesMs["dump"]-frozen/1000)
+		transfer = append(transfer, r.PhasesMs["transfer"])
+		criuRestore = append(criuRestore, restore/1000)
+		restoreRest = append(restoreRest, r.PhasesMs["restore"]-restore/1000)
+		network = append(network, r.PhasesMs["network"])
+	}
+	if len(criuDump) == 0 {
+		return nil
+	}
+	p50 := func(v []float64) float64 { return Summarize(v).P50 }
+	return []WindowPart{
+		{"dump: CRIU", p50(criuDump), "CRIU's own frozen time (its stats-dump): seizing the tasks, their memory, files, sockets in TCP repair; no tmpfs is tarred (the cgroup tmpfs is external, /dev and /dev/shm are layer directories)"},
+		{"dump: the rest", p50(dumpRest), "the freeze (cgroup freezer), the network switch's word for a service that accepts connections, the node-side veth down, the gate's opening and CRIU's start; runc starts before the freeze and finishes while the images travel"},
+		{"transfer", p50(transfer), "the source sending the images and the writable layer (zstd when it pays) on the migration connection, until its socket took the last byte"},
+		{"restore: CRIU", p50(criuRestore), "CRIU's own restore time (its stats-restore): namespaces, mounts, memory, files, TCP repair"},
+		{"restore: the rest", p50(restoreRest), "the state's last bytes crossing the link, mounting the root file system, `runc restore`'s start, cgroups and mounts before CRIU and its state after, and the destination's report coming back; runc's part is the largest (a gate cannot move it out: its mounts need the received layer)"},
+		{"network", p50(network), "held packets released and the switch completed (mostly done during the dump)"},
+	}
+}

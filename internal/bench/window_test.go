@@ -1,0 +1,30 @@
+package bench
+
+import "testing"
+
+func TestFrozenWindow(t *testing.T) {
+	run := func(ok bool, dump, transfer, restore, network, frozenUs, restoreUs float64) Migration {
+		return Migration{OK: ok, PhasesMs: map[string]float64{"dump": dump, "transfer": transfer, "restore": restore, "network": network},
+			CRIU: map[string]float64{"frozen_time_us": frozenUs, "restore_time_us": restoreUs}}
+	}
+	runs := []Migration{
+		run(true, 40, 8, 50, 6, 18000, 17000),
+		run(true, 44, 10, 56, 7, 20000, 19000),
+		run(true, 36, 6, 44, 5, 16000, 15000),
+		run(false, 900, 900, 900, 900, 900000, 900000), // failed: not counted
+		{OK: true, PhasesMs: map[string]float64{"dump": 500}}, // lazy: no CRIU stats
+	}
+	want := map[string]float64{"dump: CRIU": 18, "dump: the rest": 22, "transfer": 8, "restore: CRIU": 17, "restore: the rest": 33, "network": 6}
+	parts := frozenWindow(runs)
+	if len(parts) != len(want) {
+		t.Fatalf("parts %+v", parts)
+	}
+	for _, p := range parts {
+		if w, ok := want[p.Part]; !ok || p.P50Ms != w || p.What == "" {
+			t.Errorf("%s = %.1f (%q), want %.1f and a reason", p.Part, p.P50Ms, p.What, w)
+		}
+	}
+	if frozenWindow(runs[3:]) != nil {
+		t.Error("a window from runs without CRIU's statistics")
+	}
+}
