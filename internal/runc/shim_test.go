@@ -15,11 +15,11 @@ import (
 
 // advancing fails the test unless the counter in b goes on counting (the
 // container runs and is not frozen).
-func advancing(t *testing.T, b *syncBuffer, what string) int {
+func advancing(t *testing.T, b *syncBuffer, what string) {
 	t.Helper()
 	n := len(b.ints(t))
+	t.Logf("%s: %d lines, waiting for 3 more", what, n)
 	waitCount(t, b, n+3)
-	return n + 3
 }
 
 // TestGatedCheckpoint: a checkpoint with a gate waits, with runc started
@@ -121,5 +121,40 @@ func TestGatedCheckpoint(t *testing.T) {
 	consecutive(t, "after restore", waitCount(t, &after, 3), last[len(last)-1]+1)
 	if err := r.Delete(ctx, id, true); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestGateWithoutShim: on a Runtime without the shim a gate still holds
+// the dump back (runc itself starts only when it opens), and opened, the
+// checkpoint dumps.
+func TestGateWithoutShim(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	requireCRIU(t, r)
+	ns := testutil.NewNetNS(t, "gateo")
+	id := testutil.UniqueName("gateo")
+	var out syncBuffer
+	if _, err := r.Run(ctx, id, writeBundle(t, testSpec(t, ns, counterArgs...)), runc.IO{Stdout: &out, Stderr: &out}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, &out, 3)
+	g := runc.NewGate()
+	images := filepath.Join(t.TempDir(), "images")
+	done := make(chan error, 1)
+	go func() { done <- r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, Gate: g}) }()
+	select {
+	case <-g.Ready():
+	case err := <-done:
+		t.Fatalf("checkpoint ended before its gate: %v", err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("gate not ready after 10 s")
+	}
+	advancing(t, &out, "at the gate")
+	g.Open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
+		t.Fatalf("no images: %v", err)
 	}
 }
