@@ -32,14 +32,7 @@ func TestGatedCheckpoint(t *testing.T) {
 	r := newRuntime(t)
 	r.Shim = runc.BuildShimForTest(t)
 	requireCRIU(t, r)
-	nsA := testutil.NewNetNS(t, "gatea")
-	id := testutil.UniqueName("gate")
-	spec := testSpec(t, nsA, counterArgs...)
-	var out syncBuffer
-	if _, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out, Stderr: &out}); err != nil {
-		t.Fatal(err)
-	}
-	waitCount(t, &out, 5)
+	id, spec, out := runCounter(t, r, "gate")
 	images := filepath.Join(t.TempDir(), "images")
 
 	// Ready comes once CRIU has written the images (its last, stats-dump,
@@ -69,7 +62,7 @@ func TestGatedCheckpoint(t *testing.T) {
 	// Called off at the gate.
 	cctx, cancel := context.WithCancel(ctx)
 	_, done := gated(cctx)
-	advancing(t, &out, "at the gate")
+	advancing(t, out, "at the gate")
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("checkpoint called off at its gate succeeded")
@@ -80,7 +73,7 @@ func TestGatedCheckpoint(t *testing.T) {
 	if st, err := r.State(ctx, id); err != nil || st.Status != runc.StatusRunning {
 		t.Fatalf("after the called-off checkpoint: state %+v, %v; want running", st, err)
 	}
-	advancing(t, &out, "after the called-off checkpoint")
+	advancing(t, out, "after the called-off checkpoint")
 
 	// runc killed at the gate (not by Checkpoint's context): Checkpoint
 	// returns, the container untouched.
@@ -97,11 +90,11 @@ func TestGatedCheckpoint(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("checkpoint still running 20 s after its runc was killed at the gate")
 	}
-	advancing(t, &out, "after runc was killed at the gate")
+	advancing(t, out, "after runc was killed at the gate")
 
 	// Opened.
 	g, done := gated(ctx)
-	advancing(t, &out, "at the gate")
+	advancing(t, out, "at the gate")
 	g.Open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -131,13 +124,7 @@ func TestGateWithoutShim(t *testing.T) {
 	ctx := context.Background()
 	r := newRuntime(t)
 	requireCRIU(t, r)
-	ns := testutil.NewNetNS(t, "gateo")
-	id := testutil.UniqueName("gateo")
-	var out syncBuffer
-	if _, err := r.Run(ctx, id, writeBundle(t, testSpec(t, ns, counterArgs...)), runc.IO{Stdout: &out, Stderr: &out}); err != nil {
-		t.Fatal(err)
-	}
-	waitCount(t, &out, 3)
+	id, _, out := runCounter(t, r, "gateo")
 	g := runc.NewGate()
 	images := filepath.Join(t.TempDir(), "images")
 	done := make(chan error, 1)
@@ -149,7 +136,7 @@ func TestGateWithoutShim(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("gate not ready after 10 s")
 	}
-	advancing(t, &out, "at the gate")
+	advancing(t, out, "at the gate")
 	g.Open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -157,4 +144,18 @@ func TestGateWithoutShim(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
 		t.Fatalf("no images: %v", err)
 	}
+}
+
+// runCounter runs a counter container named after prefix in a namespace
+// of its own and returns its id, spec and output once it has counted to 3.
+func runCounter(t *testing.T, r *runc.Runtime, prefix string) (string, runc.Spec, *syncBuffer) {
+	t.Helper()
+	id := testutil.UniqueName(prefix)
+	spec := testSpec(t, testutil.NewNetNS(t, prefix), counterArgs...)
+	out := &syncBuffer{}
+	if _, err := r.Run(context.Background(), id, writeBundle(t, spec), runc.IO{Stdout: out, Stderr: out}); err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, out, 3)
+	return id, spec, out
 }
