@@ -11,7 +11,7 @@ func TestFrozenWindow(t *testing.T) {
 		run(true, 40, 8, 50, 6, 18000, 17000),
 		run(true, 44, 10, 56, 7, 20000, 19000),
 		run(true, 36, 6, 44, 5, 16000, 15000),
-		run(false, 900, 900, 900, 900, 900000, 900000), // failed: not counted
+		run(false, 900, 900, 900, 900, 900000, 900000),        // failed: not counted
 		{OK: true, PhasesMs: map[string]float64{"dump": 500}}, // lazy: no CRIU stats
 	}
 	want := map[string]float64{"dump: CRIU": 18, "dump: the rest": 22, "transfer": 8, "restore: CRIU": 17, "restore: the rest": 33, "network": 6}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 
@@ -42,4 +43,36 @@ func TestMountEmptyReadOnly(t *testing.T) {
 	if err := os.Mkdir(filepath.Join(dst, "d"), 0o755); !errors.Is(err, syscall.EROFS) {
 		t.Fatalf("mkdir through a read-write bind of the mask: %v, want EROFS", err)
 	}
+}
+
+// TestParseMountinfo: mount points unescaped, types after the separator,
+// optional fields skipped, short lines ignored.
+func TestParseMountinfo(t *testing.T) {
+	data := `36 25 0:31 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:12 - cgroup cgroup rw,cpu,cpuacct
+37 25 0:32 / /mnt/a\040b rw - tmpfs tmpfs rw
+short line
+38 25 0:33 / /no/type rw`
+	got := parseMountinfo(data)
+	want := []mount{{"/sys/fs/cgroup/cpu,cpuacct", "cgroup"}, {"/mnt/a b", "tmpfs"}, {"/no/type", ""}}
+	if len(got) != len(want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("line %d: %+v, want %+v", i, got[i], want[i])
+		}
+	}
+}
+
+// FuzzParseMountinfo: any text as mountinfo; never a panic, never more
+// mounts than lines.
+func FuzzParseMountinfo(f *testing.F) {
+	f.Add("36 25 0:31 / /sys/fs/cgroup/cpu rw shared:12 - cgroup cgroup rw,cpu\n")
+	f.Add(`37 25 0:32 / /a\040b\134 rw - tmpfs tmpfs rw`)
+	f.Add(" - - - ")
+	f.Fuzz(func(t *testing.T, data string) {
+		if ms := parseMountinfo(data); len(ms) > strings.Count(data, "\n")+1 {
+			t.Fatalf("%d mounts from %d lines", len(ms), strings.Count(data, "\n")+1)
+		}
+	})
 }

@@ -242,20 +242,15 @@ func PIDsInNetNS(inode uint64) ([]int, error) {
 // MountsUnder returns mount points at or below dir, deepest first, from
 // /proc/self/mountinfo.
 func MountsUnder(dir string) ([]string, error) {
-	data, err := os.ReadFile("/proc/self/mountinfo")
+	ms, err := mountinfo()
 	if err != nil {
 		return nil, err
 	}
 	dir = filepath.Clean(dir)
 	var out []string
-	for _, line := range strings.Split(string(data), "\n") {
-		f := strings.Fields(line)
-		if len(f) < 5 {
-			continue
-		}
-		mp := unescapeMount(f[4])
-		if mp == dir || strings.HasPrefix(mp, dir+"/") {
-			out = append(out, mp)
+	for _, m := range ms {
+		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
+			out = append(out, m.point)
 		}
 	}
 	// Deepest first so children unmount before parents.
@@ -263,6 +258,53 @@ func MountsUnder(dir string) ([]string, error) {
 		out[i], out[j] = out[j], out[i]
 	}
 	return out, nil
+}
+
+// MountPointsOfType returns the mount points of file systems of type
+// fstype ("cgroup", "tmpfs"), in /proc/self/mountinfo's order.
+func MountPointsOfType(fstype string) ([]string, error) {
+	ms, err := mountinfo()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, m := range ms {
+		if m.fstype == fstype {
+			out = append(out, m.point)
+		}
+	}
+	return out, nil
+}
+
+// mount is one line of /proc/self/mountinfo: where, and of which type.
+type mount struct{ point, fstype string }
+
+func mountinfo() ([]mount, error) {
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		return nil, err
+	}
+	return parseMountinfo(string(data)), nil
+}
+
+// parseMountinfo reads mountinfo lines ("id parent dev root point options
+// [optional...] - fstype source superoptions"); lines too short to name
+// a mount point are skipped.
+func parseMountinfo(data string) []mount {
+	var out []mount
+	for _, line := range strings.Split(data, "\n") {
+		pre, post, _ := strings.Cut(line, " - ")
+		f := strings.Fields(pre)
+		if len(f) < 5 {
+			continue
+		}
+		m := mount{point: unescapeMount(f[4])}
+		if t := strings.Fields(post); len(t) > 0 {
+			m.fstype = t[0]
+		}
+		out = append(out, m)
+	}
+	return out
 }
 
 func unescapeMount(s string) string {

@@ -1,7 +1,6 @@
 package runc
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"os"
@@ -10,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // cgroupKey is the CRIU external-mount key of a container's /sys/fs/cgroup
@@ -33,26 +34,17 @@ func ExternalCgroupFS(dir string) string {
 // tmpfs on this host (runc 1.1's mountCgroupV1): a directory per cgroup v1
 // hierarchy mounted here, named after its mount point, and for a
 // hierarchy of several controllers ("cpu,cpuacct") a symlink per
-// controller to it. Both are sorted; both are empty on a cgroup v2 host,
+// controller to it. dirs is sorted; both are empty on a cgroup v2 host,
 // where runc mounts cgroup2 instead of a tmpfs.
 func CgroupSkeleton() (dirs []string, links map[string]string, err error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	points, err := linux.MountPointsOfType("cgroup")
 	if err != nil {
 		return nil, nil, err
 	}
-	defer f.Close()
 	seen := map[string]bool{}
 	links = map[string]string{}
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 0, 64*1024), 1<<20)
-	for sc.Scan() {
-		// id parent dev root mountpoint options [optional...] - fstype source superoptions
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		fields, after := strings.Fields(pre), strings.Fields(post)
-		if !ok || len(fields) < 5 || len(after) < 1 || after[0] != "cgroup" {
-			continue
-		}
-		base := filepath.Base(unescapeMountPath(fields[4]))
+	for _, p := range points {
+		base := filepath.Base(p)
 		if seen[base] {
 			continue
 		}
@@ -64,31 +56,8 @@ func CgroupSkeleton() (dirs []string, links map[string]string, err error) {
 			}
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return nil, nil, err
-	}
 	sort.Strings(dirs)
 	return dirs, links, nil
-}
-
-// unescapeMountPath undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMountPath(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) {
-			var v byte
-			if _, err := fmt.Sscanf(s[i+1:i+4], "%03o", &v); err == nil {
-				b.WriteByte(v)
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // MountCgroupSkeleton mounts at target (created if missing) a read-only

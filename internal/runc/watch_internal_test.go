@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -69,23 +68,6 @@ func FuzzInotifyEvents(f *testing.F) {
 		_ = seen(b, statsDumpFile)
 		if !seen(append(append([]byte(nil), ev("x")...), ev(statsDumpFile)...), statsDumpFile) {
 			t.Fatal("a well-formed event not seen")
-		}
-	})
-}
-
-// FuzzUnescapeMountPath: mountinfo's escapes undone, never a panic, and
-// a path without a backslash unchanged.
-func FuzzUnescapeMountPath(f *testing.F) {
-	for _, s := range []string{`/sys/fs/cgroup/cpu,cpuacct`, `/a\040b`, `\`, `\04`, `\777x`} {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, s string) {
-		got := unescapeMountPath(s)
-		if !strings.Contains(s, `\`) && got != s {
-			t.Fatalf("%q unescaped to %q", s, got)
-		}
-		if len(got) > len(s) {
-			t.Fatalf("%q grew to %q", s, got)
 		}
 	})
 }
