@@ -956,7 +956,7 @@ func (o *outgoing) abortDump() {
 		return
 	}
 	ck.cancel()
-	if err := ck.wait(); err != nil && ck.ready != nil {
+	if err := ck.wait(); err != nil && o.req.Strategy.Lazy() {
 		o.a.endTCPRepair(o.rec.Container)
 	}
 }
