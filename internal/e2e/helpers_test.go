@@ -44,10 +44,8 @@ func binary(t *testing.T) string {
 			return
 		}
 		// The criu shim agents use when it is next to their binary.
-		if cc, err := exec.LookPath("cc"); err == nil {
-			if out, err := exec.Command(cc, "-O2", "-static", "-o", filepath.Join(dir, runc.ShimName), "../../cmd/edgehop-criu/edgehop-criu.c").CombinedOutput(); err != nil {
-				t.Logf("criu shim not built: %v: %s", err, out)
-			}
+		if err := testutil.BuildCRIUShim(filepath.Join(dir, runc.ShimName)); err != nil {
+			t.Logf("criu shim not built: %v", err)
 		}
 		probe := filepath.Join(dir, "probe")
 		if out, err := exec.Command("go", "build", "-o", probe, "github.com/edgehop/edgehop/cmd/probe").CombinedOutput(); err != nil {

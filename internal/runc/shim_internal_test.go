@@ -17,8 +17,8 @@ import (
 	"github.com/edgehop/edgehop/internal/testutil"
 )
 
-// BuildShimForTest returns the criu shim: the one next to $EDGEHOP_BIN when it is
-// there, else built from source into a temp dir. It skips the test when
+// BuildShimForTest returns the criu shim: the one next to $EDGEHOP_BIN
+// when it is there, else built from source into a temp dir. It skips the test when
 // neither works (no C compiler).
 func BuildShimForTest(t *testing.T) string {
 	t.Helper()
@@ -28,13 +28,11 @@ func BuildShimForTest(t *testing.T) string {
 			return p
 		}
 	}
-	cc, err := exec.LookPath("cc")
-	if err != nil {
-		t.Skip("skipped: no C compiler to build the criu shim (run 'make setup')")
-	}
 	p := filepath.Join(t.TempDir(), ShimName)
-	if out, err := exec.Command(cc, "-O2", "-Wall", "-o", p, "../../cmd/edgehop-criu/edgehop-criu.c").CombinedOutput(); err != nil {
-		t.Fatalf("build shim: %v: %s", err, out)
+	if err := testutil.BuildCRIUShim(p); errors.Is(err, testutil.ErrNoCC) {
+		t.Skipf("skipped: %v", err)
+	} else if err != nil {
+		t.Fatal(err)
 	}
 	return p
 }

@@ -1,10 +1,12 @@
 package testutil
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"strings"
 	"sync/atomic"
@@ -142,4 +144,22 @@ func fuzzing() bool {
 func countFDs() int {
 	ents, _ := os.ReadDir("/proc/self/fd")
 	return len(ents)
+}
+
+// ErrNoCC is BuildCRIUShim's error when there is no C compiler.
+var ErrNoCC = errors.New("no C compiler to build the criu shim (run 'make setup')")
+
+// BuildCRIUShim compiles the criu shim (cmd/edgehop-criu) to out as the
+// Makefile does.
+func BuildCRIUShim(out string) error {
+	cc, err := exec.LookPath("cc")
+	if err != nil {
+		return ErrNoCC
+	}
+	_, self, _, _ := runtime.Caller(0)
+	src := filepath.Join(filepath.Dir(self), "..", "..", "cmd", "edgehop-criu", "edgehop-criu.c")
+	if b, err := exec.Command(cc, "-O2", "-Wall", "-Wextra", "-static", "-o", out, src).CombinedOutput(); err != nil {
+		return fmt.Errorf("build the criu shim: %v: %s", err, b)
+	}
+	return nil
 }
