@@ -184,15 +184,15 @@ func TestRollbackRestoreFails(t *testing.T) {
 // on.
 func TestRollbackDumpFails(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		up   func(e *env) (*testbed.State, *redisConn)
+		name, want string // want: the injected failure the error names
+		up         func(e *env) (*testbed.State, *redisConn)
 	}{
-		{"criu", func(e *env) (*testbed.State, *redisConn) {
+		{"criu", "injected dump failure", func(e *env) (*testbed.State, *redisConn) {
 			st := e.upWithRunc(map[string]string{"node0": criuDumpWrapper(e.t, "redis", failDump("injected dump failure"))})
 			_, rc := e.redisWithData(st, 5_000, 1000)
 			return st, rc
 		}},
-		{"runc", func(e *env) (*testbed.State, *redisConn) { return e.redisWithFailingRunc("node0", "checkpoint") }},
+		{"runc", "injected checkpoint failure", func(e *env) (*testbed.State, *redisConn) { return e.redisWithFailingRunc("node0", "checkpoint") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
@@ -201,8 +201,8 @@ func TestRollbackDumpFails(t *testing.T) {
 			if err == nil {
 				t.Fatal("migration succeeded although the dump was made to fail")
 			}
-			if !strings.Contains(errs, "injected dump failure") && !strings.Contains(errs, "injected checkpoint failure") {
-				t.Errorf("error does not carry the dump failure: %s", errs)
+			if !strings.Contains(errs, tc.want) {
+				t.Errorf("error does not carry the dump failure %q: %s", tc.want, errs)
 			}
 			e.requireResumedOnSource(st, rc, 5_000, 1000, errs, true)
 		})

@@ -46,17 +46,7 @@ func TestGatedCheckpoint(t *testing.T) {
 		}
 	}
 	gated := func(ctx context.Context) (*runc.Gate, chan error) {
-		g := runc.NewGate()
-		done := make(chan error, 1)
-		go func() { done <- r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, Gate: g, Ready: onReady}) }()
-		select {
-		case <-g.Ready():
-		case err := <-done:
-			t.Fatalf("checkpoint ended before its gate: %v", err)
-		case <-time.After(30 * time.Second):
-			t.Fatal("no checkpoint at the gate after 30 s")
-		}
-		return g, done
+		return checkpointAtGate(ctx, t, r, id, runc.CheckpointOpts{ImagePath: images, Ready: onReady}, 30*time.Second)
 	}
 
 	// Called off at the gate.
@@ -125,17 +115,8 @@ func TestGateWithoutShim(t *testing.T) {
 	r := newRuntime(t)
 	requireCRIU(t, r)
 	id, _, out := runCounter(t, r, "gateo")
-	g := runc.NewGate()
 	images := filepath.Join(t.TempDir(), "images")
-	done := make(chan error, 1)
-	go func() { done <- r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, Gate: g}) }()
-	select {
-	case <-g.Ready():
-	case err := <-done:
-		t.Fatalf("checkpoint ended before its gate: %v", err)
-	case <-time.After(10 * time.Second):
-		t.Fatal("gate not ready after 10 s")
-	}
+	g, done := checkpointAtGate(ctx, t, r, id, runc.CheckpointOpts{ImagePath: images}, 10*time.Second)
 	advancing(t, out, "at the gate")
 	g.Open()
 	if err := <-done; err != nil {
@@ -158,4 +139,22 @@ func runCounter(t *testing.T, r *runc.Runtime, prefix string) (string, runc.Spec
 	}
 	waitCount(t, out, 3)
 	return id, spec, out
+}
+
+// checkpointAtGate starts checkpointing id with o and a new gate, and
+// returns the gate and the checkpoint's outcome to come once the gate is
+// ready, within wait.
+func checkpointAtGate(ctx context.Context, t *testing.T, r *runc.Runtime, id string, o runc.CheckpointOpts, wait time.Duration) (*runc.Gate, chan error) {
+	t.Helper()
+	o.Gate = runc.NewGate()
+	done := make(chan error, 1)
+	go func() { done <- r.Checkpoint(ctx, id, o) }()
+	select {
+	case <-o.Gate.Ready():
+	case err := <-done:
+		t.Fatalf("checkpoint ended before its gate: %v", err)
+	case <-time.After(wait):
+		t.Fatalf("no checkpoint at the gate after %s", wait)
+	}
+	return o.Gate, done
 }
