@@ -66,7 +66,10 @@ static long request_type(const unsigned char *buf, ssize_t n)
 	return -1;
 }
 
-/* reply_version answers a version request from the recorded reply; 0 on success. */
+/*
+ * reply_version answers a version request from the recorded reply and
+ * exits; it returns -1 only when it cannot (no usable reply recorded).
+ */
 static int reply_version(int sk, const char *path)
 {
 	unsigned char req[64], resp[4096];
