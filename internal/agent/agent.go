@@ -456,6 +456,7 @@ func (a *Agent) warmCRIU(ctx context.Context) {
 	if err := a.rt.CheckLazyPages(ctx); err != nil {
 		a.log.Info("post-copy unavailable", "err", err)
 	}
+	a.rt.WarmShim(ctx)
 	for _, h := range runc.FrozenWindowHints() {
 		a.log.Warn("host setting lengthens migrations", "hint", h)
 	}

@@ -61,6 +61,19 @@ func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
 	return env
 }
 
+// WarmShim records CRIU's version reply for the shim now; otherwise the
+// first runc command that runs CRIU records it, and on a destination that
+// is a restore, inside the frozen window. A no-op without the shim.
+func (r *Runtime) WarmShim(ctx context.Context) {
+	criu, err := r.criuPath()
+	if err != nil {
+		return
+	}
+	if shim, _ := r.shimPath(); shim != "" {
+		r.shimEnv(ctx, criu)
+	}
+}
+
 // recordVersionReply asks criu for its version as runc does (a VERSION
 // request to `criu swrk`) and stores the raw reply at path.
 func recordVersionReply(ctx context.Context, criu, path string) error {
