@@ -32,6 +32,15 @@ func agents(st *testbed.State) map[string]*api.Client {
 	return out
 }
 
+// agentOf is the client of node's agent in st.
+func agentOf(st *testbed.State, node string) (*api.Client, error) {
+	c, ok := agents(st)[node]
+	if !ok {
+		return nil, fmt.Errorf("unknown node %q (see 'edgehop testbed status')", node)
+	}
+	return c, nil
+}
+
 // findTarget finds name among every node's containers, asking every
 // agent once: a container or else the members of the group so named
 // (only when every agent answered: a group is not acted on in part).

@@ -26,9 +26,9 @@ func runMetrics(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	c, ok := agents(st)[*node]
-	if !ok {
-		return fmt.Errorf("unknown node %q (see 'edgehop testbed status')", *node)
+	c, err := agentOf(st, *node)
+	if err != nil {
+		return err
 	}
 	return c.Metrics(ctx, os.Stdout)
 }

@@ -31,9 +31,9 @@ func runMigrations(ctx context.Context, args []string) error {
 	}
 	clients := agents(st)
 	if *node != "" {
-		c, ok := clients[*node]
-		if !ok {
-			return fmt.Errorf("unknown node %q (see 'edgehop testbed status')", *node)
+		c, err := agentOf(st, *node)
+		if err != nil {
+			return err
 		}
 		clients = map[string]*api.Client{*node: c}
 	}

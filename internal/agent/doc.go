@@ -122,6 +122,13 @@
 // prefetch, and while faults keep coming (within 100 ms of each other) at
 // most 2 MiB is in flight (client-visible downtime 0.4–0.6 s from 64 to
 // 640 MB, `bench persistence`).
+// The prefetch asks in address order, as the daemon takes pages in the
+// background; where the page server's run ends inside a request, the rest
+// is asked for next. Left for last, as it once was, each such rest was a
+// page the daemon asked for itself, its reply (and every reply behind it)
+// waiting for the 16 MiB of prefetch in flight: a 1.2 GB post-copy
+// migration crossed 1 Gbit/s at 730 Mbit/s instead of 950 (14.1–14.9 s
+// against 10.8–11.1).
 // Both ends of CRIU's page-server session cork their sockets, and the
 // daemon's CLOSE and the server's answer to it each waited out the kernel's
 // 200 ms cork timeout; the proxy closes the session itself once the daemon

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/pprof"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -165,6 +166,11 @@ func (a *Agent) operatorHandler() http.Handler {
 	mux.HandleFunc("PUT /v1/fdb", fdbHandler(opCheck, a.learn))
 	mux.HandleFunc("DELETE /v1/fdb", fdbHandler(opCheck, a.forget))
 	mux.Handle("GET /metrics", a.metrics.Handler())
+	// Go's profiles of the agent itself (CPU, heap, goroutines, blocking),
+	// for operators only: `edgehop profile --node N`.
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	return mux
 }
 

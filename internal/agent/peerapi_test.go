@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -116,6 +118,7 @@ func TestPeerAPIIdentity(t *testing.T) {
 	for _, route := range []struct{ method, path string }{
 		{http.MethodPost, "/v1/containers"}, {http.MethodDelete, "/v1/containers/x"},
 		{http.MethodPost, "/v1/migrations"}, {http.MethodGet, "/v1/containers"}, {http.MethodGet, "/metrics"},
+		{http.MethodGet, "/debug/pprof/goroutine"},
 	} {
 		err := p.as(t, "node1").Do(ctx, route.method, route.path, map[string]string{}, nil)
 		var ae *api.Error
@@ -263,11 +266,19 @@ func TestOperatorListener(t *testing.T) {
 	if _, err := op.Jobs(t.Context()); err != nil {
 		t.Fatalf("operator refused: %v", err)
 	}
+	// The agent's own profiles are the operator's.
+	var prof bytes.Buffer
+	if err := op.Do(t.Context(), http.MethodGet, "/debug/pprof/goroutine", nil, &prof); err != nil || prof.Len() == 0 {
+		t.Fatalf("goroutine profile: %d bytes, %v", prof.Len(), err)
+	}
 	nodeCfg, err := pki.ClientConfig(filepath.Join(p.dir, "node1"), "node0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	node := api.NewTCPClient(addr, &http.Client{Transport: &http.Transport{TLSClientConfig: nodeCfg}})
+	if err := node.Do(t.Context(), http.MethodGet, "/debug/pprof/goroutine", nil, io.Discard); err == nil {
+		t.Fatal("a node's certificate read the agent's profile")
+	}
 	if _, err := node.Jobs(t.Context()); err == nil {
 		t.Fatal("a node's certificate drove the operator API")
 	}

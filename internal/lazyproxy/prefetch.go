@@ -159,8 +159,11 @@ type mux struct {
 	lastFault  time.Time
 	quietTimer *time.Timer
 	failed     error
-	todo       []Range // prefetch work left, in order
-	pending    []upReq // upstream requests awaiting their reply, in order
+	todo       []Range // prefetch work left, in address order
+	// follow is prefetch work asked before todo: the pages around the
+	// daemon's latest faults, the latest first.
+	follow  []Range
+	pending []upReq // upstream requests awaiting their reply, in order
 	// owed are the lazy pages the daemon has not been given yet. Once it
 	// has them all, the proxy closes the page server's session itself:
 	// the daemon's own CLOSE leaves corked (CRIU's disconnect sends it
@@ -407,19 +410,23 @@ func (m *mux) prefetch() {
 		// Wait for the daemon's first request, for room, or for work: a
 		// short reply still in flight may add the rest of its run.
 		for m.failed == nil && !m.closed && (!m.started || m.inFlight >= m.inFlightLimitLocked() || m.cached >= prefetchCached ||
-			(len(m.todo) == 0 && m.inFlight > 0)) {
+			(len(m.todo)+len(m.follow) == 0 && m.inFlight > 0)) {
 			m.cond.Wait()
 		}
-		if m.failed != nil || m.closed || len(m.todo) == 0 {
+		if m.failed != nil || m.closed || len(m.todo)+len(m.follow) == 0 {
 			return
 		}
-		r := &m.todo[0]
+		queue := &m.todo
+		if len(m.follow) > 0 {
+			queue = &m.follow
+		}
+		r := &(*queue)[0]
 		for r.Pages > 0 && !m.isWanted(r.PID, r.Addr) { // the daemon asked for it
 			r.Addr += pageSize
 			r.Pages--
 		}
 		if r.Pages == 0 {
-			m.todo = m.todo[1:]
+			*queue = (*queue)[1:]
 			continue
 		}
 		n := uint64(1)
@@ -428,7 +435,7 @@ func (m *mux) prefetch() {
 		}
 		h := header{cmd: cmdGet, nr: n, vaddr: r.Addr, dstID: uint64(r.PID)}
 		if r.Pages == n {
-			m.todo = m.todo[1:]
+			*queue = (*queue)[1:]
 		} else {
 			r.Addr += n * pageSize
 			r.Pages -= n
@@ -497,7 +504,7 @@ func (m *mux) forwardLocked(h header, s *slot) error {
 	// page on the way instead of waiting again behind the prefetch.
 	// A stack grows down: a few pages below come first.
 	below := min(h.vaddr/pageSize, followBelow)
-	m.todo = slices.Insert(m.todo, 0, Range{PID: uint32(h.dstID), Addr: h.vaddr - below*pageSize, Pages: below},
+	m.follow = slices.Insert(m.follow, 0, Range{PID: uint32(h.dstID), Addr: h.vaddr - below*pageSize, Pages: below},
 		Range{PID: uint32(h.dstID), Addr: h.vaddr + n*pageSize, Pages: followPages})
 	return m.sendLocked(upReq{h: h, daemon: s})
 }
@@ -616,12 +623,12 @@ func (m *mux) readRepliesUntilClose() error {
 				m.cached += pageSize
 			}
 		}
-		if h.nr < req.h.nr { // the server's run ended: ask for the rest later
+		if h.nr < req.h.nr { // the server's run ended: ask for the rest next
 			rest := Range{PID: uint32(h.dstID), Addr: h.vaddr + h.nr*pageSize, Pages: req.h.nr - h.nr}
 			for i := uint64(0); i < rest.Pages; i++ {
 				m.wanted[pageKey{rest.PID, rest.Addr + i*pageSize}] = struct{}{}
 			}
-			m.todo = append(m.todo, rest)
+			m.insertRestLocked(rest)
 		}
 		err = m.serveParkedLocked()
 		m.cond.Broadcast()
@@ -630,6 +637,21 @@ func (m *mux) readRepliesUntilClose() error {
 			return err
 		}
 	}
+}
+
+// insertRestLocked puts the rest of a short prefetch reply at the head of
+// the work left in address order (after the pages around faults, which
+// go first, and the rests of lower addresses). CRIU's daemon walks the lazy pages in
+// address order, so a rest left for last (as it once was) is a page the
+// daemon asks the server for itself, and that reply, with every reply
+// behind it, waits for all the prefetch in flight: a 1.2 GB post-copy
+// migration crossed at 730 Mbit/s instead of 950 on 1 Gbit/s.
+func (m *mux) insertRestLocked(rest Range) {
+	k := 0
+	for k < len(m.todo) && m.todo[k].PID == rest.PID && m.todo[k].Addr < rest.Addr {
+		k++
+	}
+	m.todo = slices.Insert(m.todo, k, rest)
 }
 
 // releaseSlots wakes every daemon slot still waiting, empty (the

@@ -310,6 +310,83 @@ func TestPrefetchShortReplies(t *testing.T) {
 	}
 }
 
+// TestPrefetchRunEndsAskedNext: where the server's run ends inside a
+// prefetch request (a short reply), the rest of that request is asked for
+// next, not after every other page: CRIU's daemon walks the lazy pages in
+// address order, and a page the prefetch left for last is one the daemon
+// must ask the server for itself, its reply (and every reply after it)
+// waiting behind all the prefetch in flight (130 ms at 1 Gbit/s). A
+// 1.2 GB post-copy migration ran at 730 Mbit/s instead of 950 that way.
+func TestPrefetchRunEndsAskedNext(t *testing.T) {
+	const a = 0x10000000
+	const pages, run = 16384, 100 // 64 MiB; runs end inside the 256-page requests
+	type get struct{ vaddr, nr uint64 }
+	var mu sync.Mutex
+	var log []get
+	addr, st, bad, closed := startPrefetchWith(t, []Range{{PID: 5, Addr: a, Pages: pages}}, run, func(h header) {
+		mu.Lock()
+		log = append(log, get{h.vaddr, h.nr})
+		mu.Unlock()
+	})
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(20 * time.Second))
+	// The first fault starts the prefetch; the daemon takes the rest once
+	// it has all crossed, so only the prefetch's order is in the log.
+	if _, err := c.Write(encodeHeader(cmdGet, 1, a, 5)); err != nil {
+		t.Fatal(err)
+	}
+	readReply(t, c, 5, a, 1)
+	for deadline := time.Now().Add(10 * time.Second); st.DataPages.Load() < pages && time.Now().Before(deadline); {
+		time.Sleep(5 * time.Millisecond)
+	}
+	for p := uint64(1); p < pages; {
+		va := a + p*pageSize
+		n := min(pages-p, 64)
+		if _, err := c.Write(encodeHeader(cmdGet, n, va, 5)); err != nil {
+			t.Fatal(err)
+		}
+		p += readReply(t, c, 5, va, n)
+	}
+	closeAfterServer(t, c, closed, bad)
+	if n := st.DataPages.Load(); n != pages {
+		t.Errorf("%d pages crossed, want %d: each once", n, pages)
+	}
+
+	mu.Lock()
+	defer mu.Unlock()
+	at := map[uint64]int{}
+	for i, g := range log {
+		at[g.vaddr] = i
+	}
+	// Asked for between the short request and its rest: what was already
+	// on its way when the short reply was read (at most the in-flight
+	// limit and the one request that crossed it), and rests of lower
+	// addresses read meanwhile.
+	const within = prefetchInFlight + 2*prefetchReqPages*pageSize
+	for i, g := range log {
+		n := min(g.nr, run-(g.vaddr/pageSize)%run) // the server's reply
+		if n == g.nr || (g.vaddr-a)/pageSize+n >= pages {
+			continue
+		}
+		rest := g.vaddr + n*pageSize
+		j, ok := at[rest]
+		if !ok {
+			t.Fatalf("the rest of GET %#x+%d (from %#x) was never asked for", g.vaddr, g.nr, rest)
+		}
+		var between uint64
+		for _, h := range log[i+1 : j] {
+			between += h.nr * pageSize
+		}
+		if between > within {
+			t.Fatalf("the rest of GET %#x+%d (from %#x) was asked for after %d bytes more, want at most %d", g.vaddr, g.nr, rest, between, within)
+		}
+	}
+}
+
 // TestPrefetchFollowsFaults: a fault far from where the prefetch is (a
 // page it would reach last) is asked for at once, and the prefetch goes
 // on from there first, the few pages below (a stack grows down) and those
