@@ -109,8 +109,9 @@
 // its background fetch shrinks back to 64 KiB after every fault: a 700 KB
 // service took 0.7 s to arrive whole and a 100 MB one 2.4 to 9 s. B's proxy
 // (`lazyproxy.ServePrefetch`; for hybrid its upstream's replies also carry
-// "you hold this page" flags) asks for every lazy run from the daemon's
-// first request on and answers the daemon from what arrived (a short reply
+// "you hold this page" flags) asks for every lazy run from the moment the
+// state has arrived, while CRIU restores (2 MiB in flight until the first
+// fault), and answers the daemon from what arrived (a short reply
 // with the leading pages it holds, as the server gives at a run's end; a
 // request whose first page is on its way waits for it; only pages nobody
 // asked for yet are relayed, so none crosses twice); only pages the dump's
@@ -128,7 +129,17 @@
 // page the daemon asked for itself, its reply (and every reply behind it)
 // waiting for the 16 MiB of prefetch in flight: a 1.2 GB post-copy
 // migration crossed 1 Gbit/s at 730 Mbit/s instead of 950 (14.1–14.9 s
-// against 10.8–11.1).
+// against 10.8–11.1). The prefetch starts when the state has arrived, not
+// at the daemon's first request (the restored service's first fault): a
+// small service's lazy pages cross while CRIU restores, so its first
+// replies wait for no fault (the probe's client-visible gap 137–157 →
+// 106–119 ms under post-copy); the restore, sharing the CPU with that
+// traffic, takes ~6 ms longer. CRIU's page server takes end of file
+// before a CLOSE for a session that succeeded, and a lazy dump then kills
+// the dumped tasks; so every hop of a session that ends without a CLOSE
+// (B's proxy, the tunnel on both sides, hybrid's source proxy) resets its
+// connection instead, the dump fails and CRIU resumes the service on A,
+// which a hand-back needs.
 // Both ends of CRIU's page-server session cork their sockets, and the
 // daemon's CLOSE and the server's answer to it each waited out the kernel's
 // 200 ms cork timeout; the proxy closes the session itself once the daemon

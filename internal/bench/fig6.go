@@ -272,21 +272,34 @@ func arnabRatios(cases []ARNABCase) {
 	}
 }
 
-// arnabGoals evaluates issue 4's downtime goal on the 1.2 GB, 20 % case:
-// the best edgehop strategy's downtime at most 1 s.
+// arnabGoals evaluates the goals on the 1.2 GB, 20 % case: the best
+// edgehop strategy's downtime at most 1 s; and post-copy at line rate, the
+// whole migration within 11 s (at least 90 % of 1 Gbit/s) with at most
+// 200 ms of downtime.
 func arnabGoals(cases []ARNABCase) []Goal {
-	g := Goal{Name: "1.2 GB at 20% dirty, best edgehop downtime", Target: "<= 1000 ms"}
+	best := Goal{Name: "1.2 GB at 20% dirty, best edgehop downtime", Target: "<= 1000 ms"}
+	total := Goal{Name: "1.2 GB at 20% dirty, post-copy total (line rate)", Target: "<= 11000 ms"}
+	down := Goal{Name: "1.2 GB at 20% dirty, post-copy downtime", Target: "<= 200 ms"}
 	for _, c := range cases {
-		if c.StateMB == 1200 && c.DirtyPct == 20 && c.OK && c.Strategy != RsyncMethod {
-			if g.Measured == nil || c.DowntimeMs < *g.Measured {
-				v := c.DowntimeMs
-				g.Measured = &v
-			}
+		if c.StateMB != 1200 || c.DirtyPct != 20 || !c.OK || c.Strategy == RsyncMethod {
+			continue
+		}
+		if best.Measured == nil || c.DowntimeMs < *best.Measured {
+			best.Measured = ptr(c.DowntimeMs)
+		}
+		if c.Strategy == string(migration.PostCopy) {
+			total.Measured, down.Measured = ptr(c.TotalMs), ptr(c.DowntimeMs)
 		}
 	}
-	g.Met = g.Measured != nil && *g.Measured <= 1000
-	return []Goal{g}
+	met := func(g *Goal, limit float64) { g.Met = g.Measured != nil && *g.Measured <= limit }
+	met(&best, 1000)
+	met(&total, 11000)
+	met(&down, 200)
+	return []Goal{best, total, down}
 }
+
+// ptr returns a pointer to a copy of v.
+func ptr(v float64) *float64 { return &v }
 
 // WriteText prints the report as a table.
 func (r *ARNABReport) WriteText(w io.Writer) error {

@@ -40,11 +40,26 @@ func TestARNABRatiosAndGoal(t *testing.T) {
 		t.Errorf("10%% case got ratios against baselines that failed or did not run: %+v", cases[3])
 	}
 	g := arnabGoals(cases)
-	if len(g) != 1 || g[0].Measured == nil || *g[0].Measured != 800 || !g[0].Met {
+	if len(g) != 3 || g[0].Measured == nil || *g[0].Measured != 800 || !g[0].Met {
 		t.Errorf("goal %+v, want 800 ms met (the rsync method's 400 ms does not count)", g)
 	}
-	if g := arnabGoals(cases[3:]); g[0].Measured != nil || g[0].Met {
-		t.Errorf("goal without the 1.2 GB 20%% case: %+v", g)
+	if g[1].Measured != nil || g[1].Met || g[2].Measured != nil || g[2].Met {
+		t.Errorf("post-copy goals without a post-copy case: %+v %+v", g[1], g[2])
+	}
+	for _, g := range arnabGoals(cases[3:]) {
+		if g.Measured != nil || g.Met {
+			t.Errorf("goal without the 1.2 GB 20%% case: %+v", g)
+		}
+	}
+	// Post-copy at line rate: both limits hold, or the goal is missed.
+	pc := func(downtime, total float64) []Goal {
+		return arnabGoals([]ARNABCase{{Strategy: "post-copy", StateMB: 1200, DirtyPct: 20, OK: true, DowntimeMs: downtime, TotalMs: total}})
+	}
+	if g := pc(190, 10900); !g[1].Met || !g[2].Met || *g[1].Measured != 10900 || *g[2].Measured != 190 {
+		t.Errorf("post-copy 190 ms / 10.9 s: %+v", g)
+	}
+	if g := pc(210, 11100); g[1].Met || g[2].Met {
+		t.Errorf("post-copy 210 ms / 11.1 s met its goals: %+v", g)
 	}
 	var b bytes.Buffer
 	if err := (&ARNABReport{Cases: cases, Goals: g}).WriteText(&b); err != nil || !strings.Contains(b.String(), "FAILED") {

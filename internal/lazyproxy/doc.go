@@ -1,6 +1,8 @@
-// Package lazyproxy carries the lazy pages of a hybrid migration (live
-// pre-copy rounds, then post-copy for the rest) without sending again what
-// the rounds already left on the destination.
+// Package lazyproxy carries the lazy pages of post-copy and hybrid
+// migrations between CRIU's page server and its lazy-pages daemon: ahead of
+// the daemon, and for hybrid (live pre-copy rounds, then post-copy for the
+// rest) without sending again what the rounds already left on the
+// destination.
 //
 // CRIU's lazy-pages daemon on the destination asks a page server for each
 // page range it needs. Here it asks ServeDest, on the destination, which
@@ -14,4 +16,10 @@
 // check is against the frozen content CRIU serves, so a page that changed
 // after the last round is sent whole: correctness never rests on the
 // rounds.
+//
+// ServePrefetch (post-copy, and hybrid when the dump's lazy runs are known)
+// pulls every lazy page ahead of the daemon, in address order as the daemon
+// takes them, from the moment the state has arrived (while CRIU restores),
+// and answers the daemon from what arrived; the pages around a fault go
+// first, and little is in flight while faults come.
 package lazyproxy

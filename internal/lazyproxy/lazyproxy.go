@@ -146,8 +146,16 @@ func serve(ctx context.Context, l net.Listener, log *slog.Logger, handle func(co
 // each reply to a GET transformed by pages. Replies come in request order,
 // so the reply side learns from a queue which request each answers.
 func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bufio.Reader, to *bufio.Writer) error) error {
-	defer up.Close()
-	stop := context.AfterFunc(ctx, func() { down.Close(); up.Close() })
+	var closeSent atomic.Bool // a CLOSE went upstream: the session may end cleanly
+	end := func() {
+		if closeSent.Load() {
+			up.Close()
+		} else {
+			abortConn(up)
+		}
+	}
+	defer end()
+	stop := context.AfterFunc(ctx, func() { down.Close(); end() })
 	defer stop()
 	pending := make(chan header, 1024)
 	reqErr := make(chan error, 1)
@@ -182,6 +190,7 @@ func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bu
 			}
 			pending <- h
 			if h.op() != cmdGet {
+				closeSent.Store(true)
 				halfClose(up)
 				reqErr <- nil
 				return
@@ -226,6 +235,19 @@ func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bu
 		return err
 	}
 	return <-reqErr
+}
+
+// abortConn closes c with a reset where it is TCP. CRIU's page server
+// takes end of file before a CLOSE for the end of a successful session:
+// a lazy dump then kills the dumped tasks, and the source could no longer
+// resume the service when the destination failed. A reset (or any error)
+// makes the dump fail, and CRIU resumes the tasks. Every connection to
+// the page server that ends without a CLOSE is aborted so.
+func abortConn(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	_ = c.Close()
 }
 
 // halfClose ends c's sending side after a CLOSE. CRIU's lazy page server

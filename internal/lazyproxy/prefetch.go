@@ -13,6 +13,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -51,14 +52,15 @@ const (
 // encode_ps_cmd(PS_IOV_ADD_F, PE_PRESENT).
 const replyCmd = 4<<16 | 6
 
-// ServePrefetch accepts the lazy-pages daemon's connections on l until ctx
-// ends or l is closed, each paired with one connection from upstream.
+// ServePrefetch connects upstream at once and accepts the lazy-pages
+// daemon's connection on l until ctx ends or l is closed.
 // With held nil (post-copy) upstream is CRIU's page server, through the
 // agents' tunnel; otherwise (hybrid) it is ServeSource, whose replies flag
 // the pages the destination holds, read from held. Besides relaying the
 // daemon's requests, it asks for every page of ranges, back to back, from
-// the daemon's first request on, and answers the daemon from those pages
-// when it has them.
+// the start (the dump is done and the state has arrived: CRIU's restore is
+// about to begin), and answers the daemon from those pages when it has
+// them.
 //
 // The daemon alone asks for one run of pages at a time and waits for each
 // reply (a round trip through the tunnel per run, 6-10 ms here), and the
@@ -75,13 +77,29 @@ func ServePrefetch(ctx context.Context, l net.Listener, upstream func(context.Co
 	if held != nil {
 		decode = flaggedPages(held, st)
 	}
-	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
-		up, err := upstream(ctx)
-		if err != nil {
-			return fmt.Errorf("page server: %w", err)
+	// The pages cross while CRIU restores, not from the restored
+	// service's first fault on: a small service's lazy pages are all
+	// here when it first runs.
+	up, err := upstream(ctx)
+	if err != nil {
+		l.Close() // the daemon fails at once rather than waiting
+		return fmt.Errorf("page server: %w", err)
+	}
+	m := newMux(up, ranges, st, decode)
+	stop := context.AfterFunc(ctx, func() { m.fail(ctx.Err()) })
+	defer stop()
+	m.wg.Go(m.readReplies)
+	m.wg.Go(m.prefetch)
+	var connected atomic.Bool
+	err = serve(ctx, l, log, func(_ context.Context, down net.Conn) error {
+		if connected.Swap(true) {
+			return errors.New("a second lazy-pages daemon connection (the page server serves one)")
 		}
-		return newMux(down, up, ranges, st, decode).run(ctx)
+		return m.run(down)
 	})
+	m.fail(errDone) // a daemon that never came
+	m.wg.Wait()
+	return err
 }
 
 // A pageDecoder reads the pages of a reply whose header is h.
@@ -152,6 +170,10 @@ type mux struct {
 	inFlight int64 // prefetched bytes asked for and not yet read
 	closed   bool  // the daemon sent CLOSE: no more requests upstream
 	started  bool  // the daemon made its first request
+	// closeSent: a CLOSE went upstream, after which the session may end
+	// with end of file; before it, only with a reset (abortConn).
+	closeSent bool
+	wg        sync.WaitGroup // readReplies and prefetch
 	// lastFault is when the daemon last asked for a page it lacks (one
 	// page per request: its runs in the background are longer) that was
 	// not in the cache; quietTimer wakes the prefetch when faultQuiet
@@ -186,12 +208,12 @@ type mux struct {
 	slots chan *slot
 }
 
-func newMux(down, up net.Conn, ranges []Range, st *Stats, decode pageDecoder) *mux {
+func newMux(up net.Conn, ranges []Range, st *Stats, decode pageDecoder) *mux {
 	todo := slices.Clone(ranges)
 	slices.SortFunc(todo, func(a, b Range) int {
 		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Addr, b.Addr))
 	})
-	m := &mux{down: down, up: up, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
+	m := &mux{up: up, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
 		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
 	for _, r := range ranges {
 		for i := uint64(0); i < r.Pages; i++ {
@@ -208,10 +230,17 @@ func (m *mux) fail(err error) {
 	if m.failed == nil {
 		m.failed = err
 	}
+	down, closeSent := m.down, m.closeSent
 	m.cond.Broadcast()
 	m.mu.Unlock()
-	m.up.Close()
-	m.down.Close()
+	if closeSent {
+		m.up.Close()
+	} else {
+		abortConn(m.up) // see abortConn: the source must be able to resume
+	}
+	if down != nil {
+		down.Close()
+	}
 }
 
 // send writes h upstream and queues who gets the reply, atomically, so
@@ -220,18 +249,25 @@ func (m *mux) sendLocked(r upReq) error {
 	if _, err := m.up.Write(r.h.appendTo(make([]byte, 0, hdrSize))); err != nil {
 		return err
 	}
+	if r.h.op() != cmdGet {
+		m.closeSent = true
+	}
 	m.pending = append(m.pending, r)
 	m.cond.Broadcast()
 	return nil
 }
 
-func (m *mux) run(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { m.fail(ctx.Err()) })
-	defer stop()
-	defer m.up.Close()
+// run serves the daemon on down until its CLOSE is answered or the
+// connection fails.
+func (m *mux) run(down net.Conn) error {
+	m.mu.Lock()
+	m.down = down
+	failed := m.failed
+	m.mu.Unlock()
+	if failed != nil {
+		return fmt.Errorf("page server: %w", failed)
+	}
 	var wg sync.WaitGroup
-	wg.Go(m.readReplies)
-	wg.Go(m.prefetch)
 	wg.Go(m.writeDaemon)
 	err := m.readDaemon()
 	m.mu.Lock()
@@ -245,6 +281,8 @@ func (m *mux) run(ctx context.Context) error {
 	}
 	close(m.slots)
 	wg.Wait()
+	m.wg.Wait()
+	m.fail(errDone) // closes upstream: cleanly only after a CLOSE
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if err == nil && m.failed != nil && !errors.Is(m.failed, errDone) {
@@ -401,15 +439,15 @@ func (m *mux) writeDaemon() {
 }
 
 // prefetch asks for the ranges' pages, a request at a time, while the
-// bytes in flight and in the cache stay within their limits, from the
-// daemon's first request until everything was asked or the daemon closed.
+// bytes in flight and in the cache stay within their limits, until
+// everything was asked or the daemon closed.
 func (m *mux) prefetch() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	for {
-		// Wait for the daemon's first request, for room, or for work: a
-		// short reply still in flight may add the rest of its run.
-		for m.failed == nil && !m.closed && (!m.started || m.inFlight >= m.inFlightLimitLocked() || m.cached >= prefetchCached ||
+		// Wait for room or for work: a short reply still in flight may
+		// add the rest of its run.
+		for m.failed == nil && !m.closed && (m.inFlight >= m.inFlightLimitLocked() || m.cached >= prefetchCached ||
 			(len(m.todo)+len(m.follow) == 0 && m.inFlight > 0)) {
 			m.cond.Wait()
 		}
@@ -459,6 +497,11 @@ func (m *mux) prefetch() {
 // prefetch back, a timer wakes it once the faults have been quiet long
 // enough for the larger one.
 func (m *mux) inFlightLimitLocked() int64 {
+	if !m.started {
+		// CRIU is restoring: as little as while the service faults, so
+		// that its first faults do not queue behind the full amount.
+		return prefetchInFlightFaulting
+	}
 	quiet := time.Since(m.lastFault)
 	if quiet >= faultQuiet {
 		return prefetchInFlight

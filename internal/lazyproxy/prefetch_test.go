@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"io"
 	"net"
 	"sync"
@@ -145,11 +146,51 @@ func TestPrefetchAnswersFromAhead(t *testing.T) {
 	// session without waiting for the daemon's CLOSE, and answers that
 	// CLOSE with the server's status.
 	closeAfterServer(t, c, serverClosed, bad)
-	if st.Prefetched.Load() != 309 {
-		t.Errorf("%d pages answered from the prefetch, want 309", st.Prefetched.Load())
+	// The first request too, when its page was on its way already.
+	if n := st.Prefetched.Load(); n != 309 && n != 310 {
+		t.Errorf("%d pages answered from the prefetch, want 309 or 310", n)
 	}
 	if st.DataPages.Load() != 310 {
 		t.Errorf("%d pages crossed, want 310: each once", st.DataPages.Load())
+	}
+}
+
+// TestPrefetchBeforeDaemon: the pages cross from the start, while CRIU
+// restores, before the daemon connects (its first fault comes only once
+// the restored service runs); the daemon then gets them all from the
+// cache, and a second daemon connection is refused.
+func TestPrefetchBeforeDaemon(t *testing.T) {
+	const a = 0x30000000
+	addr, st, bad, serverClosed := startPrefetch(t, []Range{{PID: 2, Addr: a, Pages: 100}})
+	for deadline := time.Now().Add(5 * time.Second); st.DataPages.Load() < 100; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of 100 pages crossed before the daemon connected", st.DataPages.Load())
+		}
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := c.Write(encodeHeader(cmdGet, 100, a, 2)); err != nil {
+		t.Fatal(err)
+	}
+	if got := readReply(t, c, 2, a, 100); got != 100 {
+		t.Fatalf("GET of all 100 pages: %d", got)
+	}
+	second, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer second.Close()
+	second.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(second, make([]byte, 1)); err == nil {
+		t.Error("a second daemon connection was served")
+	}
+	closeAfterServer(t, c, serverClosed, bad)
+	if st.DataPages.Load() != 100 || st.Prefetched.Load() != 100 {
+		t.Errorf("%d pages crossed and %d came from the prefetch, want 100 and 100", st.DataPages.Load(), st.Prefetched.Load())
 	}
 }
 
@@ -240,8 +281,8 @@ func TestDestPrefetchHybrid(t *testing.T) {
 		}
 	}
 	closeAfterServer(t, c, &closed, &bad)
-	if dstat.Prefetched.Load() != 199 {
-		t.Errorf("%d pages given from the prefetch, want 199", dstat.Prefetched.Load())
+	if n := dstat.Prefetched.Load(); n != 199 && n != 200 {
+		t.Errorf("%d pages given from the prefetch, want 199 or 200", n)
 	}
 	if sst.HeldPages.Load() == 0 || sst.DataPages.Load() == 0 {
 		t.Errorf("source proxy: held %d, data %d; want both", sst.HeldPages.Load(), sst.DataPages.Load())
@@ -305,8 +346,8 @@ func TestPrefetchShortReplies(t *testing.T) {
 		t.Fatalf("GET 0+40: %d pages", got)
 	}
 	closeAfterServer(t, c, serverClosed, bad)
-	if st.DataPages.Load() != 100 || st.Prefetched.Load() != 99 {
-		t.Errorf("%d pages crossed and %d came from the prefetch, want 100 and 99", st.DataPages.Load(), st.Prefetched.Load())
+	if n := st.Prefetched.Load(); st.DataPages.Load() != 100 || (n != 99 && n != 100) {
+		t.Errorf("%d pages crossed and %d came from the prefetch, want 100 and 99 or 100", st.DataPages.Load(), n)
 	}
 }
 
@@ -486,12 +527,17 @@ func TestPrefetchFollowsFaults(t *testing.T) {
 	}
 }
 
-// TestInFlightLimit: less in flight while the daemon faults, the full
-// amount once the faults are quiet; a timer wakes the prefetch then.
+// TestInFlightLimit: before the daemon's first request (CRIU restoring)
+// and while it faults, less in flight; the full amount once the faults
+// are quiet, and a timer wakes the prefetch then.
 func TestInFlightLimit(t *testing.T) {
-	m := &mux{lastFault: time.Now(), inFlight: prefetchInFlightFaulting}
+	m := &mux{lastFault: time.Now().Add(-time.Hour), inFlight: prefetchInFlightFaulting}
 	m.cond = sync.NewCond(&m.mu)
 	m.mu.Lock()
+	if got := m.inFlightLimitLocked(); got != prefetchInFlightFaulting || m.quietTimer != nil {
+		t.Errorf("before the first request: limit %d (timer %v), want %d and no timer", got, m.quietTimer != nil, prefetchInFlightFaulting)
+	}
+	m.started, m.lastFault = true, time.Now()
 	if got := m.inFlightLimitLocked(); got != prefetchInFlightFaulting {
 		t.Errorf("faulting: limit %d, want %d", got, prefetchInFlightFaulting)
 	}
@@ -518,4 +564,97 @@ func TestInFlightLimit(t *testing.T) {
 	if got := m.inFlightLimitLocked(); got != prefetchInFlight {
 		t.Errorf("quiet: limit %d, want %d", got, prefetchInFlight)
 	}
+}
+
+// endOfSession accepts one connection on l, answers nothing and reports
+// how the peer ended it: io.EOF for a clean close, another error for a
+// reset.
+func endOfSession(t *testing.T, l net.Listener) <-chan error {
+	t.Helper()
+	end := make(chan error, 1)
+	go func() {
+		c, err := l.Accept()
+		if err != nil {
+			end <- err
+			return
+		}
+		defer c.Close()
+		_, err = io.Copy(io.Discard, c)
+		if err == nil {
+			err = io.EOF // io.Copy hides a clean end of file
+		}
+		end <- err
+	}()
+	return end
+}
+
+// wantReset fails t unless the session endOfSession watches ended with a
+// reset within 5 s.
+func wantReset(t *testing.T, end <-chan error) {
+	t.Helper()
+	select {
+	case err := <-end:
+		if errors.Is(err, io.EOF) {
+			t.Fatal("the page server saw end of file, not a reset")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the session with the page server did not end")
+	}
+}
+
+// TestSessionWithoutCloseIsReset: CRIU's page server takes end of file
+// before a CLOSE for a session that succeeded, and a lazy dump then kills
+// the dumped tasks; a session the destination gives up on (the restore
+// failed, the daemon never came or went away) must reach the server as a
+// reset, so that the source can resume the service.
+func TestSessionWithoutCloseIsReset(t *testing.T) {
+	ranges := []Range{{PID: 1, Addr: 0x10000000, Pages: 4}}
+	up := func(addr string) func(context.Context) (net.Conn, error) {
+		return func(ctx context.Context) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", addr)
+		}
+	}
+	t.Run("prefetch, no daemon", func(t *testing.T) {
+		server := listen(t)
+		end := endOfSession(t, server)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- ServePrefetch(ctx, listen(t), up(server.Addr().String()), nil, ranges, &Stats{}, nil) }()
+		time.Sleep(50 * time.Millisecond) // connected, asking
+		cancel()
+		<-done
+		wantReset(t, end)
+	})
+	t.Run("prefetch, daemon gone", func(t *testing.T) {
+		server := listen(t)
+		end := endOfSession(t, server)
+		daemonL := listen(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { _ = ServePrefetch(ctx, daemonL, up(server.Addr().String()), nil, ranges, &Stats{}, nil) }()
+		d, err := net.Dial("tcp", daemonL.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		d.Close() // without CLOSE
+		wantReset(t, end)
+	})
+	t.Run("relay", func(t *testing.T) {
+		server := listen(t)
+		end := endOfSession(t, server)
+		srcL := listen(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() {
+			_ = ServeSource(ctx, srcL, server.Addr().String(), func(uint32, uint64, []byte) bool { return false }, &Stats{}, nil)
+		}()
+		d, err := net.Dial("tcp", srcL.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond) // the relay's session is open
+		d.Close()                         // without CLOSE
+		wantReset(t, end)
+	})
 }

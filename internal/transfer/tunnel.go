@@ -225,6 +225,14 @@ func (c *Conn) pipeLocked(ctx context.Context, nc *net.TCPConn, toNC, fromNC *at
 		mu    sync.Mutex
 		first error // the error that tore the pipe down
 	)
+	// A torn-down pipe resets nc rather than ending it: end of file is
+	// what a finished byte stream looks like, and CRIU's page server takes
+	// it for a session that succeeded (a lazy dump then kills the dumped
+	// tasks, which the source could otherwise resume).
+	abortNC := func() {
+		_ = nc.SetLinger(0)
+		_ = nc.Close()
+	}
 	fail := func(err error) {
 		mu.Lock()
 		if first == nil {
@@ -232,9 +240,9 @@ func (c *Conn) pipeLocked(ctx context.Context, nc *net.TCPConn, toNC, fromNC *at
 		}
 		mu.Unlock()
 		c.abort()
-		_ = nc.Close()
+		abortNC()
 	}
-	stopNC := context.AfterFunc(ctx, func() { _ = nc.Close() })
+	stopNC := context.AfterFunc(ctx, abortNC)
 	defer stopNC()
 
 	var wg sync.WaitGroup

@@ -510,3 +510,42 @@ func TestSpliceForwardsBufferedBytes(t *testing.T) {
 		t.Error("WriteMsg after Splice succeeded")
 	}
 }
+
+// TestTunnelTornDownResetsTarget: a tunnel torn down (either side
+// cancelled) resets its connection to the target, even an idle one: end
+// of file is what a finished byte stream looks like, and CRIU's page
+// server takes it for a session that succeeded.
+func TestTunnelTornDownResetsTarget(t *testing.T) {
+	for _, side := range []string{"destination", "source"} {
+		t.Run(side, func(t *testing.T) {
+			ended := make(chan error, 1)
+			target, _ := serveTarget(t, func(c *net.TCPConn) {
+				_, err := io.Copy(io.Discard, struct{ io.Reader }{c})
+				ended <- err
+			})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			tun, served, srcStop := startTunnel(t, ctx, target, "tok", tokenCheck("tok"))
+			c := dialTunnel(t, tun)
+			defer c.Close()
+			if _, err := c.Write([]byte("request")); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(50 * time.Millisecond) // spliced, idle
+			if side == "destination" {
+				cancel()
+			} else {
+				srcStop()
+			}
+			select {
+			case err := <-ended:
+				if err == nil {
+					t.Fatal("the target saw end of file, not a reset")
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the target's connection outlived the tunnel")
+			}
+			waitServed(t, served)
+		})
+	}
+}
