@@ -5,12 +5,16 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/testutil"
 )
 
 // strictPageServer is the seam CRIU's lazy page server sits behind, as
@@ -99,6 +103,45 @@ func readReply(t *testing.T, c net.Conn, pid uint32, vaddr, n uint64) uint64 {
 	return h.nr
 }
 
+// waitCrossed waits, at most timeout, until n pages have crossed to the
+// proxy.
+func waitCrossed(t *testing.T, st *Stats, n int64, timeout time.Duration) {
+	t.Helper()
+	testutil.Eventually(t, timeout, func() error {
+		if got := st.DataPages.Load(); got < n {
+			return fmt.Errorf("%d of %d pages crossed", got, n)
+		}
+		return nil
+	})
+}
+
+// pageGet is a GET a strictPageServer was asked.
+type pageGet struct{ vaddr, nr uint64 }
+
+// getLog records the GETs a strictPageServer is asked, in order.
+type getLog struct {
+	mu   sync.Mutex
+	gets []pageGet
+}
+
+// record is an onGet for strictPageServer that logs each GET and then
+// takes delay to answer it.
+func (l *getLog) record(delay time.Duration) func(header) {
+	return func(h header) {
+		l.mu.Lock()
+		l.gets = append(l.gets, pageGet{h.vaddr, h.nr})
+		l.mu.Unlock()
+		time.Sleep(delay)
+	}
+}
+
+// all returns the GETs so far.
+func (l *getLog) all() []pageGet {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.gets)
+}
+
 // TestPrefetchAnswersFromAhead: after the daemon's first request the
 // proxy pulls every lazy page, never asking the server for one it does not
 // hold, and answers the daemon's later requests (pipelined, some across
@@ -117,10 +160,7 @@ func TestPrefetchAnswersFromAhead(t *testing.T) {
 		t.Fatal(err)
 	}
 	readReply(t, c, 7, a+5*pageSize, 1)
-	deadline := time.Now().Add(5 * time.Second)
-	for st.DataPages.Load() < 310 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitCrossed(t, st, 310, 5*time.Second)
 	type req struct {
 		pid      uint32
 		vaddr, n uint64
@@ -162,11 +202,7 @@ func TestPrefetchAnswersFromAhead(t *testing.T) {
 func TestPrefetchBeforeDaemon(t *testing.T) {
 	const a = 0x30000000
 	addr, st, bad, serverClosed := startPrefetch(t, []Range{{PID: 2, Addr: a, Pages: 100}})
-	for deadline := time.Now().Add(5 * time.Second); st.DataPages.Load() < 100; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%d of 100 pages crossed before the daemon connected", st.DataPages.Load())
-		}
-	}
+	waitCrossed(t, st, 100, 5*time.Second) // before the daemon connects
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -333,9 +369,7 @@ func TestPrefetchShortReplies(t *testing.T) {
 		return readReply(t, c, 3, a+p*pageSize, n)
 	}
 	get(50, 1)
-	for deadline := time.Now().Add(5 * time.Second); st.DataPages.Load() < 100 && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitCrossed(t, st, 100, 5*time.Second)
 	if got := get(40, 20); got != 10 {
 		t.Fatalf("GET 40+20 with page 50 already given: %d pages, want a short reply of 10", got)
 	}
@@ -361,14 +395,8 @@ func TestPrefetchShortReplies(t *testing.T) {
 func TestPrefetchRunEndsAskedNext(t *testing.T) {
 	const a = 0x10000000
 	const pages, run = 16384, 100 // 64 MiB; runs end inside the 256-page requests
-	type get struct{ vaddr, nr uint64 }
-	var mu sync.Mutex
-	var log []get
-	addr, st, bad, closed := startPrefetchWith(t, []Range{{PID: 5, Addr: a, Pages: pages}}, run, func(h header) {
-		mu.Lock()
-		log = append(log, get{h.vaddr, h.nr})
-		mu.Unlock()
-	})
+	var gets getLog
+	addr, st, bad, closed := startPrefetchWith(t, []Range{{PID: 5, Addr: a, Pages: pages}}, run, gets.record(0))
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -381,9 +409,7 @@ func TestPrefetchRunEndsAskedNext(t *testing.T) {
 		t.Fatal(err)
 	}
 	readReply(t, c, 5, a, 1)
-	for deadline := time.Now().Add(10 * time.Second); st.DataPages.Load() < pages && time.Now().Before(deadline); {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waitCrossed(t, st, pages, 10*time.Second)
 	for p := uint64(1); p < pages; {
 		va := a + p*pageSize
 		n := min(pages-p, 64)
@@ -397,8 +423,7 @@ func TestPrefetchRunEndsAskedNext(t *testing.T) {
 		t.Errorf("%d pages crossed, want %d: each once", n, pages)
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
+	log := gets.all()
 	at := map[uint64]int{}
 	for i, g := range log {
 		at[g.vaddr] = i
@@ -439,15 +464,8 @@ func TestPrefetchFollowsFaults(t *testing.T) {
 	const pages = 2048 // 8 MiB each
 	ranges := []Range{{PID: 7, Addr: a, Pages: pages}, {PID: 7, Addr: b, Pages: pages}}
 	// The server is slow (1 ms a request) and logs what it is asked.
-	type got struct{ vaddr, nr uint64 }
-	var mu sync.Mutex
-	var log []got
-	addr, st, bad, closed := startPrefetchWith(t, ranges, 1<<30, func(h header) {
-		mu.Lock()
-		log = append(log, got{h.vaddr, h.nr})
-		mu.Unlock()
-		time.Sleep(time.Millisecond)
-	})
+	var gets getLog
+	addr, st, bad, closed := startPrefetchWith(t, ranges, 1<<30, gets.record(time.Millisecond))
 	c, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -487,8 +505,7 @@ func TestPrefetchFollowsFaults(t *testing.T) {
 		t.Errorf("%d pages crossed, want %d: each once", n, 2*pages)
 	}
 
-	mu.Lock()
-	defer mu.Unlock()
+	log := gets.all()
 	at := -1
 	for i, g := range log {
 		if g.vaddr == fault && g.nr == 1 {
