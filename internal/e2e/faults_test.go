@@ -301,6 +301,23 @@ func TestKillAgentMidMigration300MB(t *testing.T) {
 	}
 }
 
+// TestKillDestinationPostCopyIdle kills -9 the destination's agent while
+// it restores a post-copy migration of a small redis. The prefetch may
+// have crossed already and the tunnel to the source's page server be
+// idle; the dead agent's kernel then ends it with a plain FIN, which must
+// read as a failure there (CRIU's lazy dump takes end of file for a
+// finished session and kills the source's service). The service resumes
+// on the source with its data and its client's connection.
+func TestKillDestinationPostCopyIdle(t *testing.T) {
+	f := newFaultBedHolding(t, 100, 1000)
+	id := f.start("post-copy")
+	f.waitFor("the restore", func() bool { return f.phase("node1", id) == migration.Transferred })
+	f.kill("node1")
+	out := f.settle(id)
+	t.Logf("killed node1's agent during the restore; the source ended %s", out)
+	f.check("node0")
+}
+
 // TestPartitionMidMigration cuts the destination's link (100% loss) while
 // the state crosses it, and separately after the restore. The source
 // rolls back in the first case (its send fails within TCP_USER_TIMEOUT),

@@ -24,7 +24,10 @@
 // post-copy) across an authenticated agent connection: the destination
 // listens locally and opens one agent connection per client, the source
 // agent checks the request (ServeTunnel) and splices the connection to its
-// local target, with half-close passed through both ways.
+// local target, with half-close passed through both ways. Each direction
+// ends with an explicit marker, so an agent that died (its kernel's plain
+// FIN) is told from a finished stream and the target's connection is
+// reset rather than ended.
 //
 // Every blocking call takes a context; when it ends, the connection is
 // closed so the call returns at once, which is how a migration aborts when

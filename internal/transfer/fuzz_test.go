@@ -3,12 +3,15 @@ package transfer
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
+	"errors"
 	"io"
 	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -158,4 +161,47 @@ func TestSendDirLive(t *testing.T) {
 			t.Fatalf("receive %d of a live tree: %v", i, err)
 		}
 	}
+}
+
+// FuzzTunnelChunks feeds a peer's arbitrary bytes to a tunnel direction's
+// decoder: it must pass on only payload that the input holds, in order,
+// succeed only at an end marker, and never take a chunk beyond maxChunk.
+// What it passed on, chunked again, decodes to itself.
+func FuzzTunnelChunks(f *testing.F) {
+	f.Add(append(chunk("page data"), chunk("")...))
+	f.Add(chunk("no marker"))
+	f.Add([]byte{0, 0})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var out bytes.Buffer
+		var n atomic.Int64
+		err := copyUnchunked(&out, bytes.NewReader(in), &n)
+		if n.Load() != int64(out.Len()) || out.Len() > len(in) {
+			t.Fatalf("passed on %d bytes (counted %d) from %d of input", out.Len(), n.Load(), len(in))
+		}
+		if err != nil && !errors.Is(err, ErrTruncated) && !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("unexpected error %v", err)
+		}
+		if err == nil {
+			// The payload is the input's chunks, without their headers.
+			var want []byte
+			for r := in; ; {
+				l := binary.BigEndian.Uint32(r)
+				if l == 0 {
+					break
+				}
+				want = append(want, r[4:4+l]...)
+				r = r[4+l:]
+			}
+			if !bytes.Equal(out.Bytes(), want) {
+				t.Fatalf("passed on %q, the chunks hold %q", out.Bytes(), want)
+			}
+		}
+		var again, back bytes.Buffer
+		if err := copyChunked(&again, bytes.NewReader(out.Bytes()), &n); err != nil {
+			t.Fatal(err)
+		}
+		if err := copyUnchunked(&back, &again, &n); err != nil || !bytes.Equal(back.Bytes(), out.Bytes()) {
+			t.Fatalf("round trip of %d bytes: %d bytes, %v", out.Len(), back.Len(), err)
+		}
+	})
 }

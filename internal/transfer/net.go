@@ -18,8 +18,9 @@ import (
 )
 
 // ProtocolVersion is sent by the accepting side right after the handshake;
-// the dialling side refuses a peer that speaks another version.
-const ProtocolVersion = 1
+// the dialling side refuses a peer that speaks another version. Version 2
+// sends a tunnel's bytes in chunks with an end marker (see MsgTunnel).
+const ProtocolVersion = 2
 
 const helloType = "transfer.hello"
 

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -22,10 +23,20 @@ import (
 //	D→S  message MsgTunnel, body TunnelRequest
 //	S→D  message "transfer.tunnel.ok"      the source reached the target
 //	  or message "transfer.tunnel.refused" {"reason"}, then the source closes
-//	then raw bytes both ways, no framing. Each side half-closes its
-//	direction when its end of the byte stream ends (TLS close_notify, or
-//	TCP shutdown on a plain Conn) and the connection is closed when both
-//	directions are done.
+//	then the byte stream both ways, each direction in chunks:
+//	  length uint32 (big-endian, at most maxChunk), then that many bytes;
+//	  a chunk of length 0 ends the direction, and its sender then
+//	  half-closes (TLS close_notify, or TCP shutdown on a plain Conn).
+//	The connection is closed when both directions are done.
+//
+// The end marker is what tells a finished byte stream from a dead peer:
+// the kernel of an agent killed with an empty receive buffer ends its
+// connection with a plain FIN, and Go's TLS reads a transport that ends at
+// a record boundary without close_notify as a clean end of file. A
+// direction that ends without its marker is a failure, and the connection
+// to the target is reset, not half-closed (CRIU's page server takes end of
+// file for a session that succeeded; a lazy dump then kills the dumped
+// tasks, which the source could otherwise resume).
 //
 // The destination sends nothing after the request until it has the
 // answer, so a refusal never races with unread data.
@@ -50,6 +61,17 @@ var errSpliced = errors.New("transfer: connection handed to a tunnel")
 // spliceBufSize is the copy buffer of each tunnel direction. A TLS read
 // returns at most one 16 KiB record; plain TCP reads fill more of it.
 const spliceBufSize = 256 << 10
+
+// chunkHeaderLen is the length prefix of a tunnel chunk; maxChunk the
+// largest chunk a sender writes and a receiver accepts.
+const (
+	chunkHeaderLen = 4
+	maxChunk       = spliceBufSize - chunkHeaderLen
+)
+
+// errNoEndMarker: a tunnel direction's transport ended without the chunk
+// that ends it, so the peer is gone rather than finished.
+var errNoEndMarker = fmt.Errorf("%w: tunnel stream ended without its end marker (peer agent gone?)", ErrTruncated)
 
 // TunnelRequest asks the source agent to connect the tunnel to Target (a
 // host:port in its network namespace). Token is for the source agent's
@@ -216,8 +238,10 @@ func (c *Conn) openTunnel(ctx context.Context, req TunnelRequest, lc *net.TCPCon
 }
 
 // pipeLocked copies between c, whose framed part is over, and nc until
-// both directions have ended, either failed or ctx ended. A direction that
-// reaches EOF half-closes the other end's writing side. toNC counts bytes
+// both directions have ended, either failed or ctx ended. The direction
+// from c arrives in chunks and ends at its end marker, the direction to c
+// leaves in chunks and ends with one (see the protocol above); a direction
+// that ended half-closes the other end's writing side. toNC counts bytes
 // from c's peer to nc, fromNC the other way. The caller holds rmu and wmu,
 // watches ctx for c and closes both connections afterwards.
 func (c *Conn) pipeLocked(ctx context.Context, nc *net.TCPConn, toNC, fromNC *atomic.Int64) error {
@@ -248,7 +272,7 @@ func (c *Conn) pipeLocked(ctx context.Context, nc *net.TCPConn, toNC, fromNC *at
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		// c.br first: it may hold bytes that arrived behind the last frame.
-		if err := copyCounted(nc, c.br, toNC); err != nil {
+		if err := copyUnchunked(nc, c.br, toNC); err != nil {
 			fail(fmt.Errorf("peer to %s: %w", nc.RemoteAddr(), err))
 			return
 		}
@@ -257,7 +281,7 @@ func (c *Conn) pipeLocked(ctx context.Context, nc *net.TCPConn, toNC, fromNC *at
 		}
 	})
 	wg.Go(func() {
-		if err := copyCounted(c.nc, nc, fromNC); err != nil {
+		if err := copyChunked(c.nc, nc, fromNC); err != nil {
 			fail(fmt.Errorf("%s to peer: %w", nc.RemoteAddr(), err))
 			return
 		}
@@ -278,24 +302,67 @@ func (c *Conn) closeWrite() error {
 	return fmt.Errorf("%T cannot half-close", c.nc)
 }
 
-// copyCounted copies src to dst until EOF through one large buffer (not
-// io.Copy, whose WriterTo and ReaderFrom shortcuts would choose their own
-// 32 KiB buffers here), adding what it wrote to n as it goes.
-func copyCounted(dst io.Writer, src io.Reader, n *atomic.Int64) error {
-	buf := make([]byte, spliceBufSize)
+// copyChunked copies src to dst until EOF as tunnel chunks (see the
+// protocol above), then writes the end marker; it adds the payload bytes
+// it wrote to n as it goes. One large buffer carries each chunk with its
+// header in one write.
+func copyChunked(dst io.Writer, src io.Reader, n *atomic.Int64) error {
+	buf := make([]byte, chunkHeaderLen+maxChunk)
 	for {
-		m, rerr := src.Read(buf)
+		m, rerr := src.Read(buf[chunkHeaderLen:])
 		if m > 0 {
-			if _, werr := dst.Write(buf[:m]); werr != nil {
+			binary.BigEndian.PutUint32(buf, uint32(m))
+			if _, werr := dst.Write(buf[:chunkHeaderLen+m]); werr != nil {
 				return werr
 			}
 			n.Add(int64(m))
 		}
 		if rerr == io.EOF {
-			return nil
+			binary.BigEndian.PutUint32(buf, 0)
+			_, werr := dst.Write(buf[:chunkHeaderLen])
+			return werr
 		}
 		if rerr != nil {
 			return rerr
+		}
+	}
+}
+
+// copyUnchunked reads tunnel chunks from src and copies their payload to
+// dst as it arrives, until the end marker; it adds what it wrote to n as
+// it goes. A src that ends before the marker fails with errNoEndMarker, a
+// chunk longer than maxChunk with ErrCorrupt.
+func copyUnchunked(dst io.Writer, src io.Reader, n *atomic.Int64) error {
+	buf := make([]byte, spliceBufSize)
+	for {
+		if _, err := io.ReadFull(src, buf[:chunkHeaderLen]); err != nil {
+			if err == io.EOF || err == io.ErrUnexpectedEOF {
+				return errNoEndMarker
+			}
+			return err
+		}
+		left := binary.BigEndian.Uint32(buf)
+		if left == 0 {
+			return nil
+		}
+		if left > maxChunk {
+			return fmt.Errorf("%w: tunnel chunk of %d bytes (at most %d)", ErrCorrupt, left, maxChunk)
+		}
+		for left > 0 {
+			m, rerr := src.Read(buf[:min(int(left), len(buf))])
+			if m > 0 {
+				if _, werr := dst.Write(buf[:m]); werr != nil {
+					return werr
+				}
+				n.Add(int64(m))
+				left -= uint32(m)
+			}
+			if rerr == io.EOF && left > 0 {
+				return errNoEndMarker
+			}
+			if rerr != nil && rerr != io.EOF {
+				return rerr
+			}
 		}
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -469,7 +470,8 @@ func TestSpliceForwardsBufferedBytes(t *testing.T) {
 		putHeader(frame, kindMsg, 0, payload, len(payload))
 		wire = append(wire, frame...)
 	}
-	wire = append(wire, "early bytes"...)
+	wire = append(wire, chunk("early bytes")...)
+	wire = append(wire, chunk("")...)
 	if _, err := a.Write(wire); err != nil {
 		t.Fatal(err)
 	}
@@ -498,9 +500,11 @@ func TestSpliceForwardsBufferedBytes(t *testing.T) {
 	if err != nil || typ != msgTunnelOK {
 		t.Fatalf("answer %q, %v", typ, err)
 	}
-	echoed, err := io.ReadAll(dst.br)
-	if err != nil || string(echoed) != "early bytes" {
-		t.Fatalf("echo %q, %v", echoed, err)
+	var echoed bytes.Buffer
+	var n atomic.Int64
+	err = copyUnchunked(&echoed, dst.br, &n)
+	if err != nil || echoed.String() != "early bytes" {
+		t.Fatalf("echo %q, %v", echoed.String(), err)
 	}
 	if r := <-done; r.err != nil || r.st.ToTarget != 11 || r.st.FromTarget != 11 {
 		t.Fatalf("source: %+v, %v", r.st, r.err)
@@ -547,5 +551,99 @@ func TestTunnelTornDownResetsTarget(t *testing.T) {
 			}
 			waitServed(t, served)
 		})
+	}
+}
+
+// chunk is p as one tunnel chunk; "" is the end marker.
+func chunk(p string) []byte {
+	b := binary.BigEndian.AppendUint32(nil, uint32(len(p)))
+	return append(b, p...)
+}
+
+// TestTunnelPeerGoneResetsTarget: when the agent at one end of a tunnel
+// dies, its kernel ends the connection with a plain FIN (over TLS, at a
+// record boundary and without close_notify), which must not pass for the
+// end of the byte stream: the target's connection is reset. Only the end
+// marker ends a direction.
+func TestTunnelPeerGoneResetsTarget(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		send []byte // what the dying peer sent after the answer
+		want string // "reset", or "eof" with the payload before it
+	}{
+		{"no marker", chunk("request"), "reset"},
+		{"inside a chunk", chunk("request")[:6], "reset"},
+		{"marker", append(chunk("request"), chunk("")...), "eof"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			type ending struct {
+				got []byte
+				err error
+			}
+			ended := make(chan ending, 1)
+			target, _ := serveTarget(t, func(c *net.TCPConn) {
+				got, err := io.ReadAll(struct{ io.Reader }{c})
+				ended <- ending{got, err}
+			})
+			dirs, _ := nodes(t, nil, "src", "dst")
+			src, dst := tlsPair(t, dirs, "src", "dst")
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			served := make(chan spliceResult, 1)
+			go func() {
+				typ, body, err := src.ReadMsg(ctx)
+				if err != nil || typ != MsgTunnel {
+					served <- spliceResult{err: fmt.Errorf("first message %q: %v", typ, err)}
+					return
+				}
+				st, err := src.ServeTunnel(ctx, body, tokenCheck("tok"))
+				served <- spliceResult{st, err}
+			}()
+			if err := dst.WriteMsg(ctx, MsgTunnel, TunnelRequest{Target: target, Token: "tok"}); err != nil {
+				t.Fatal(err)
+			}
+			if typ, _, err := dst.ReadMsg(ctx); err != nil || typ != msgTunnelOK {
+				t.Fatalf("answer %q, %v", typ, err)
+			}
+			if _, err := dst.nc.Write(tc.send); err != nil {
+				t.Fatal(err)
+			}
+			// The dying agent's kernel: FIN under TLS, nothing unread.
+			if err := dst.raw.(*net.TCPConn).CloseWrite(); err != nil {
+				t.Fatal(err)
+			}
+			var e ending
+			select {
+			case e = <-ended:
+			case <-time.After(5 * time.Second):
+				t.Fatal("the target's connection outlived the peer")
+			}
+			r := waitServed(t, served)
+			switch tc.want {
+			case "reset":
+				if e.err == nil {
+					t.Fatalf("the target saw end of file after %q, not a reset", e.got)
+				}
+				if !errors.Is(r.err, ErrTruncated) {
+					t.Errorf("source's error %v, want ErrTruncated", r.err)
+				}
+			case "eof":
+				if e.err != nil || string(e.got) != "request" {
+					t.Fatalf("target read %q, %v; want the request and end of file", e.got, e.err)
+				}
+			}
+		})
+	}
+}
+
+// TestTunnelRejectsOversizedChunk: a chunk longer than any sender writes
+// is corrupt input, not a reason to allocate or wait.
+func TestTunnelRejectsOversizedChunk(t *testing.T) {
+	var hdr [chunkHeaderLen]byte
+	binary.BigEndian.PutUint32(hdr[:], maxChunk+1)
+	var n atomic.Int64
+	err := copyUnchunked(io.Discard, bytes.NewReader(hdr[:]), &n)
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("got %v, want ErrCorrupt", err)
 	}
 }
