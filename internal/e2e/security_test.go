@@ -60,6 +60,7 @@ func TestClientCannotDriveNodes(t *testing.T) {
 			t.Errorf("client0 to %s: %v, want connection refused", addr, err)
 		}
 	}
+	checkNoOverlayInjection(t, st, c)
 	// Nodes still reach each other's peer API (that is how they learn
 	// endpoints): node2, with its certificate, reads node0's.
 	node2TLS := filepath.Join(st.Nodes[2].StateDir, "tls")
@@ -107,4 +108,89 @@ func TestClientCannotDriveNodes(t *testing.T) {
 	if strings.Count(out, `"name"`) != 1 {
 		t.Errorf("ps after the attempts: %s", out)
 	}
+}
+
+// checkNoOverlayInjection: a VXLAN frame sent to node0's VTEP from a
+// client's namespace (or a container's) does not reach container c, whose
+// UDP socket would take it; the same frame from node1, a VTEP of the
+// overlay, does (so the frame is one the overlay delivers).
+func checkNoOverlayInjection(t *testing.T, st *testbed.State, c ctr) {
+	t.Helper()
+	ip := netip.MustParseAddr(c.IP)
+	cns := filepath.Join(st.Nodes[0].StateDir, "netns", c.Name)
+	var ln net.PacketConn
+	err := linux.InNetNS(cns, func() error {
+		var err error
+		ln, err = net.ListenPacket("udp4", ":9999")
+		return err
+	})
+	if err != nil {
+		t.Fatalf("listen in %s's namespace: %v", c.Name, err)
+	}
+	defer ln.Close()
+	vtep := net.JoinHostPort(st.Nodes[0].Address, fmt.Sprint(netplane.VXLANPort))
+	got := func(from, payload string) bool {
+		t.Helper()
+		frame := vxlanFrame(4200, netplane.MACFor(ip), testbed.OverlayGW, ip, 9999, []byte(payload))
+		err := linux.InNetNS(from, func() error {
+			u, err := net.Dial("udp4", vtep)
+			if err != nil {
+				return err
+			}
+			defer u.Close()
+			for range 3 {
+				if _, err := u.Write(frame); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			t.Fatalf("send from %s: %v", from, err)
+		}
+		buf := make([]byte, 64)
+		for {
+			_ = ln.SetReadDeadline(time.Now().Add(time.Second))
+			n, _, err := ln.ReadFrom(buf)
+			if err != nil {
+				return false
+			}
+			if string(buf[:n]) == payload {
+				return true
+			}
+		}
+	}
+	if got(st.Clients[0].NetNSPath, "from-client") {
+		t.Errorf("a VXLAN frame from client0 reached %s", c.Name)
+	}
+	if got(cns, "from-container") {
+		t.Errorf("a VXLAN frame from container %s, through the overlay, reached it", c.Name)
+	}
+	if !got(st.Nodes[1].NetNSPath, "from-node1") {
+		t.Errorf("test setup: the same VXLAN frame from node1 did not reach %s", c.Name)
+	}
+}
+
+// vxlanFrame is a VXLAN payload (RFC 7348) carrying an Ethernet frame to
+// dst with one IPv4 UDP datagram from src to dstIP:port.
+func vxlanFrame(vni int, dst net.HardwareAddr, src, dstIP netip.Addr, port uint16, payload []byte) []byte {
+	b := []byte{0x08, 0, 0, 0, byte(vni >> 16), byte(vni >> 8), byte(vni), 0}
+	b = append(b, dst...)
+	b = append(b, 0x02, 0, 0, 0, 0, 0x99, 0x08, 0x00)
+	ipStart := len(b)
+	total := 20 + 8 + len(payload)
+	b = append(b, 0x45, 0, byte(total>>8), byte(total), 0, 1, 0, 0, 64, 17, 0, 0)
+	b = append(b, src.AsSlice()...)
+	b = append(b, dstIP.AsSlice()...)
+	var sum uint32
+	for i := ipStart; i < ipStart+20; i += 2 {
+		sum += uint32(b[i])<<8 | uint32(b[i+1])
+	}
+	for sum > 0xffff {
+		sum = sum&0xffff + sum>>16
+	}
+	b[ipStart+10], b[ipStart+11] = byte(^sum>>8), byte(^sum)
+	udpLen := 8 + len(payload)
+	b = append(b, 0x15, 0xb3, byte(port>>8), byte(port), byte(udpLen>>8), byte(udpLen), 0, 0)
+	return append(b, payload...)
 }

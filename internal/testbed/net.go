@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/vishvananda/netlink"
 )
 
@@ -41,16 +42,20 @@ func setupCore(coreNS string) error {
 }
 
 // guardRules keep clients and containers away from the agents' and the
-// controller's ports: whatever arrives at the core from a client's link (or
-// an access point's) or from the overlay (br0, the gateway's bridge)
-// towards those ports is refused with a reset, on the core itself (INPUT)
-// and on its way to a node (FORWARD). Nodes reach each other and the core
-// through their own links, which the rules do not match.
+// controller's ports and from the overlay's tunnel: whatever arrives at the
+// core from a client's link (or an access point's) or from the overlay
+// (br0, the gateway's bridge) towards those ports is refused with a reset,
+// and VXLAN towards any VTEP is dropped (a VTEP takes frames from any
+// sender, so one would put forged frames, with any service's address, on
+// a node's bridge), on the core itself (INPUT) and on its way to a node
+// (FORWARD). Nodes reach each other and the core through their own links,
+// which the rules do not match; the core's own VXLAN leaves from itself.
 func guardRules(agentPorts string) string {
 	var b strings.Builder
 	b.WriteString("*filter\n:EDGEHOP-GUARD - [0:0]\n-I INPUT -j EDGEHOP-GUARD\n-I FORWARD -j EDGEHOP-GUARD\n")
 	for _, in := range []string{"client+", "ap+", "br0"} {
 		fmt.Fprintf(&b, "-A EDGEHOP-GUARD -i %s -p tcp -m multiport --dports %s -j REJECT --reject-with tcp-reset\n", in, agentPorts)
+		fmt.Fprintf(&b, "-A EDGEHOP-GUARD -i %s -p udp --dport %d -j DROP\n", in, netplane.VXLANPort)
 	}
 	b.WriteString("COMMIT\n")
 	return b.String()
