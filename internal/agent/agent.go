@@ -172,6 +172,15 @@ func (a *Agent) Run(ctx context.Context) error {
 			return err
 		}
 	}
+	if a.cfg.VTEPGuard == nil || *a.cfg.VTEPGuard {
+		vteps := make([]netip.Addr, 0, len(a.cfg.Peers))
+		for _, p := range a.cfg.Peers {
+			vteps = append(vteps, p.VTEP)
+		}
+		if err := plane.GuardVTEP(vteps); err != nil {
+			return fmt.Errorf("%w (is iptables installed? \"vtep_guard\": false in the config leaves VXLAN unfiltered)", err)
+		}
+	}
 	if err := a.loadContainers(ctx); err != nil {
 		return err
 	}

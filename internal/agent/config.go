@@ -54,6 +54,10 @@ type Config struct {
 	// engines' default profile (moby's). Default true; false runs
 	// containers unconfined.
 	Seccomp *bool `json:"seccomp,omitempty"`
+	// VTEPGuard lets VXLAN into the agent's network namespace only from
+	// its peers' VTEPs (netplane.GuardVTEP). Default true; false leaves
+	// the underlay's filtering to the operator.
+	VTEPGuard *bool `json:"vtep_guard,omitempty"`
 	// CRIUShim is edgehop's criu shim (runc.Runtime.Shim): "" finds
 	// edgehop-criu next to the agent's executable, "off" runs CRIU
 	// directly.
@@ -91,6 +95,11 @@ func (c Config) Validate() error {
 	}
 	if c.VNI <= 0 || c.VNI >= 1<<24 {
 		errs = append(errs, fmt.Errorf("vni %d out of range", c.VNI))
+	}
+	for _, p := range c.Peers {
+		if !p.VTEP.IsValid() {
+			errs = append(errs, fmt.Errorf("peer %q: vtep address missing", p.Name))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -129,15 +129,19 @@ func checkNoOverlayInjection(t *testing.T, st *testbed.State, c ctr) {
 	}
 	defer ln.Close()
 	vtep := net.JoinHostPort(st.Nodes[0].Address, fmt.Sprint(netplane.VXLANPort))
-	got := func(from, payload string) bool {
+	// got sends the frame from the namespace at from and reports whether
+	// it arrived, and from which underlay address it left.
+	got := func(from, payload string) (bool, netip.Addr) {
 		t.Helper()
 		frame := vxlanFrame(4200, netplane.MACFor(ip), testbed.OverlayGW, ip, 9999, []byte(payload))
+		var local netip.Addr
 		err := linux.InNetNS(from, func() error {
 			u, err := net.Dial("udp4", vtep)
 			if err != nil {
 				return err
 			}
 			defer u.Close()
+			local = u.LocalAddr().(*net.UDPAddr).AddrPort().Addr()
 			for range 3 {
 				if _, err := u.Write(frame); err != nil {
 					return err
@@ -153,21 +157,30 @@ func checkNoOverlayInjection(t *testing.T, st *testbed.State, c ctr) {
 			_ = ln.SetReadDeadline(time.Now().Add(time.Second))
 			n, _, err := ln.ReadFrom(buf)
 			if err != nil {
-				return false
+				return false, local
 			}
 			if string(buf[:n]) == payload {
-				return true
+				return true, local
 			}
 		}
 	}
-	if got(st.Clients[0].NetNSPath, "from-client") {
+	if ok, _ := got(st.Clients[0].NetNSPath, "from-client"); ok {
 		t.Errorf("a VXLAN frame from client0 reached %s", c.Name)
 	}
-	if got(cns, "from-container") {
+	if ok, _ := got(cns, "from-container"); ok {
 		t.Errorf("a VXLAN frame from container %s, through the overlay, reached it", c.Name)
 	}
-	if !got(st.Nodes[1].NetNSPath, "from-node1") {
-		t.Errorf("test setup: the same VXLAN frame from node1 did not reach %s", c.Name)
+	// The core's guard does not see what the core sends itself: from its
+	// link address, which is no VTEP, the frame meets node0's own guard.
+	ok, local := got(st.Core.NetNSPath, "from-core-link")
+	if local == testbed.CoreVTEP {
+		t.Fatalf("test setup: the core sent from its VTEP %v", local)
+	}
+	if ok {
+		t.Errorf("a VXLAN frame from %v, no peer's VTEP, reached %s: node0's agent lets in VXLAN from anyone", local, c.Name)
+	}
+	if ok, local := got(st.Nodes[1].NetNSPath, "from-node1"); !ok {
+		t.Errorf("test setup: the same VXLAN frame from node1 (%v) did not reach %s", local, c.Name)
 	}
 }
 

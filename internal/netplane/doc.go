@@ -11,6 +11,9 @@
 // handshake or in an accept queue, through sock_diag); SendOverlay
 // forwards those requests to the service's new node.
 //
+// GuardVTEP lets VXLAN in only from the overlay's other VTEPs (an
+// iptables chain): a VXLAN device takes frames from any sender.
+//
 // A Plane acts on one network namespace through a netlink handle. It must
 // not know about containers' lifecycles, images or the testbed.
 package netplane
