@@ -665,7 +665,8 @@ func (in *incoming) destroy(ctx context.Context) error {
 		_ = in.holder.Drop()
 		in.holder = nil
 	}
-	dirs := []string{name + "-in", name + "-in-work", name + "-store"}
+	// (precopy.PagesDir: a final delta's pages before the other images.)
+	dirs := []string{name + "-in", name + "-in-work", name + "-store", filepath.Base(precopy.PagesDir(name + "-in"))}
 	// A stream cut short leaves its partial directory (transfer.RecvDir).
 	partial, _ := filepath.Glob(filepath.Join(a.scratchDir(), "."+name+"-in.partial-*"))
 	for _, p := range partial {

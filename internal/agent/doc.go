@@ -57,7 +57,10 @@
 // and opens the gate, and calls the dump off (S untouched) on any failure
 // before it. CRIU is done with the images when it writes its last one
 // (stats-dump): A ships them from then on while runc removes the dumped
-// container, and commits once runc is done. No tmpfs is left for CRIU to
+// container, and commits once runc is done. Pre-copy does not wait that
+// long: its final delta starts as the gate opens and sends each process's
+// pages as soon as CRIU has written them (precopy.DumpWatch), so the
+// transfer of a many-process service overlaps its dump. No tmpfs is left for CRIU to
 // tar and untar (4-6 ms each, a side): the masked directories and the
 // /sys/fs/cgroup tmpfs are external mounts bound on restore to read-only
 // copies made at the agent's start (runc.ExternalMasks,

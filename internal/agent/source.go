@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
@@ -169,8 +170,45 @@ type outgoing struct {
 	fctx      context.Context // the frozen window: bounded by the budget
 	fcancel   context.CancelFunc
 	ck        *checkpoint // the dump, from just before the freeze
+	final     *finalSend  // pre-copy: the final delta, sent while CRIU dumps
 	peerMsg   chan peerMessage
 	cleanup   []func()
+}
+
+// finalSend is pre-copy's final delta on its way while CRIU dumps
+// (precopy.DumpWatch): each process's pages cross as soon as CRIU has
+// written them, so the transfer overlaps the dump.
+type finalSend struct {
+	stop     chan struct{} // closed when the dump failed: the stream ends with an abort
+	stopOnce sync.Once
+	done     chan struct{} // closed with st and err set
+	st       precopy.FinalStats
+	err      error
+}
+
+// halt ends a final delta whose dump failed and waits for it.
+func (f *finalSend) halt() {
+	f.stopOnce.Do(func() { close(f.stop) })
+	<-f.done
+}
+
+// startFinal starts the final delta before CRIU may write its first image;
+// without a watch of the image directory, sendState sends it once the
+// dump is done, as before.
+func (o *outgoing) startFinal() {
+	w, err := precopy.WatchDump(o.rec.ImageDir, o.a.log.Warn)
+	if err != nil {
+		o.a.log.Warn("the final delta waits for the whole dump", "container", o.rec.Container, "err", err)
+		return
+	}
+	f := &finalSend{stop: make(chan struct{}), done: make(chan struct{})}
+	o.final = f
+	o.cleanup = append(o.cleanup, f.halt)
+	go func() {
+		defer close(f.done)
+		defer w.Close()
+		f.st, f.err = o.pre.SendFinal(o.fctx, o.conn, o.rec.ImageDir, w, o.ck.ready, f.stop)
+	}()
 }
 
 // errFrozenBudget is the cause of the frozen window's context when its
@@ -658,6 +696,9 @@ func (o *outgoing) startDump(ctx context.Context) error {
 // pages, and runc goes on removing the container (sendState waits for it).
 func (o *outgoing) dump() error {
 	ck, lazy := o.ck, o.req.Strategy.Lazy()
+	if o.pre != nil && !lazy {
+		o.startFinal()
+	}
 	ck.gate.Open()
 	if !lazy {
 		// Past the frozen budget runc is killed and CRIU resumes the
@@ -676,6 +717,11 @@ func (o *outgoing) dump() error {
 		err = context.Cause(o.fctx)
 	}
 	if err != nil {
+		if o.final != nil {
+			// Its stream ends with an abort; the connection stays usable
+			// for the reason.
+			o.final.halt()
+		}
 		return fmt.Errorf("dump: %w", err)
 	}
 	o.tm.Mark(migration.PhaseDump)
@@ -704,7 +750,14 @@ func (o *outgoing) sendState() error {
 	opts := o.send
 	opts.Name = "images"
 	if o.pre != nil && !o.req.Strategy.Lazy() {
-		fst, err := o.pre.SendFinal(ctx, o.conn, o.rec.ImageDir)
+		var fst precopy.FinalStats
+		var err error
+		if o.final != nil {
+			<-o.final.done
+			fst, err = o.final.st, o.final.err
+		} else {
+			fst, err = o.pre.SendFinal(ctx, o.conn, o.rec.ImageDir, nil, nil, nil)
+		}
 		o.res.BytesOnWire += fst.Bytes()
 		p := o.res.Precopy
 		p.DumpPages, p.HeldPages, p.CopyPages, p.ZeroPages, p.DataPages = fst.Pages, fst.HeldPages, fst.CopyPages, fst.ZeroPages, fst.DataPages

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
@@ -185,19 +186,29 @@ func TestRollbackRestoreFails(t *testing.T) {
 func TestRollbackDumpFails(t *testing.T) {
 	for _, tc := range []struct {
 		name, want string // want: the injected failure the error names
+		strategy   string
 		up         func(e *env) (*testbed.State, *redisConn)
 	}{
-		{"criu", "injected dump failure", func(e *env) (*testbed.State, *redisConn) {
+		{"criu", "injected dump failure", "stop-and-copy", func(e *env) (*testbed.State, *redisConn) {
 			st := e.upWithRunc(map[string]string{"node0": criuDumpWrapper(e.t, "redis", failDump("injected dump failure"))})
 			_, rc := e.redisWithData(st, 5_000, 1000)
 			return st, rc
 		}},
-		{"runc", "injected checkpoint failure", func(e *env) (*testbed.State, *redisConn) { return e.redisWithFailingRunc("node0", "checkpoint") }},
+		// Pre-copy's final delta sends each process's pages while CRIU
+		// dumps: a process's images appear, cross, and then the dump fails.
+		{"criu-after-pages", "injected dump failure", "pre-copy", func(e *env) (*testbed.State, *redisConn) {
+			imgs := fakeProcessImages(e.t)
+			action := "cp " + imgs + "/* \"$(dirname \"$INJECT_LOG\")/\"; " + failDump("injected dump failure")
+			st := e.upWithRunc(map[string]string{"node0": criuDumpWrapper(e.t, "redis", action)})
+			_, rc := e.redisWithData(st, 5_000, 1000)
+			return st, rc
+		}},
+		{"runc", "injected checkpoint failure", "stop-and-copy", func(e *env) (*testbed.State, *redisConn) { return e.redisWithFailingRunc("node0", "checkpoint") }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			e := newEnv(t)
 			st, rc := tc.up(e)
-			_, errs, err := e.run("migrate", "redis", "--to", "node1")
+			_, errs, err := e.run("migrate", "redis", "--to", "node1", "--strategy", tc.strategy)
 			if err == nil {
 				t.Fatal("migration succeeded although the dump was made to fail")
 			}
@@ -256,4 +267,24 @@ func TestRollbackDestinationDiskFull(t *testing.T) {
 	if left, _ := os.ReadDir(filepath.Join(st.Nodes[1].StateDir, "containers")); len(left) != 0 {
 		t.Errorf("destination kept %v after a refused migration", left)
 	}
+}
+
+// fakeProcessImages writes, in a directory it returns, the pages image
+// and pagemap CRIU would write for one process (pid 99, one page at
+// 0x400000), as a dump's first images.
+func fakeProcessImages(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	le := func(v uint32) []byte { return []byte{byte(v), byte(v >> 8), byte(v >> 16), byte(v >> 24)} }
+	pm := append(le(0x54564319), le(0x56084025)...)                 // common and pagemap magics
+	head := []byte{0x08, 99}                                        // pagemap_head{pages_id: 99}
+	entry := []byte{0x08, 0x80, 0x80, 0x80, 0x02, 0x10, 1, 0x20, 4} // {vaddr: 0x400000, nr_pages: 1, flags: PE_PRESENT}
+	pm = append(append(append(pm, le(uint32(len(head)))...), head...), append(le(uint32(len(entry))), entry...)...)
+	page := bytes.Repeat([]byte{0x5a}, 4096)
+	for name, b := range map[string][]byte{"pagemap-99.img": pm, "pages-99.img": page} {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }

@@ -17,15 +17,19 @@
 // every page the destination holds. ShouldStop decides when to stop the
 // rounds.
 //
-// The final round (Source.SendFinal, Store.RebuildFinal) runs after CRIU
-// dumped the frozen container: it sends every image except the pages-*.img
-// files as they are, then for each pages file, page by page in the file's
-// order, either "you hold it at (pid, address)" or the data; the
-// destination writes the pages files from its store and the delta and
-// checks each against the source's digest, so the image directory it
-// restores from is byte-identical to the dump. Correctness does not depend
-// on the rounds: a page that changed during or after a round differs from
-// the dump and is sent; the rounds only decide how much is left to send.
+// The final round (Source.SendFinal, Store.RebuildFinal) sends CRIU's
+// dump of the frozen container: each pages-*.img file page by page in its
+// order, as "you hold it at (pid, address)" or the data, then every other
+// image as it is. The destination writes the pages files from its store
+// and the delta and checks each against the source's digest, so the image
+// directory it restores from is byte-identical to the dump. With a
+// DumpWatch (inotify on the image directory) the pages go while CRIU
+// still dumps: each process's pages image as soon as CRIU has closed it
+// and its pagemap, the rest once the dump is done (an image sent early
+// must then be unchanged); a dump that fails ends the stream with an
+// abort. Correctness does not depend on the rounds: a page that changed
+// during or after a round differs from the dump and is sent; the rounds
+// only decide how much is left to send.
 //
 // This package reads processes and writes its store; it does not freeze,
 // dump or restore anything (the caller runs CRIU), does not define the

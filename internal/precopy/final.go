@@ -36,42 +36,41 @@ func (f FinalStats) Bytes() int64 { return f.MetaBytes + f.DeltaBytes }
 
 // SendFinal sends the frozen container's CRIU dump in imgDir as a delta
 // against what the rounds left on the destination: two streams on conn,
-// for Store.RebuildFinal. The first is a directory stream of every image
-// except the pages-*.img files, sent as they are; the second carries each
-// pages image page by page in its order, as "held at (pid, address)", a
-// copy of a page held elsewhere, a zero flag or the data, and a digest of
-// the whole image the destination checks.
+// for Store.RebuildFinal. The first carries each pages image page by page
+// in its order, as "held at (pid, address)", a copy of a page held
+// elsewhere, a zero flag or the data, and a digest of the whole image the
+// destination checks; the second is a directory stream of every other
+// image, sent as they are.
 //
-// imgDir must be flat (CRIU's image directory) and stay unchanged during
-// the call; a hidden sibling directory of hard links is made and removed.
-// After SendFinal the Source is spent: whatever the result, further calls
-// fail.
-func (s *Source) SendFinal(ctx context.Context, conn *transfer.Conn, imgDir string) (st FinalStats, err error) {
+// With a DumpWatch (w, nil without), SendFinal runs while CRIU still
+// dumps: each process's pages go as soon as CRIU closed its pages image
+// and pagemap, so the transfer overlaps the dump. dumped closes when CRIU
+// has written its last image; then the images the watch did not report
+// are sent, those it did must be unchanged, and the other images follow.
+// stop closes when the dump failed instead: the delta stream then ends
+// with an abort (ErrDumpFailed), which leaves conn usable. Without a
+// watch, imgDir must be complete and dumped and stop may be nil. imgDir
+// must be flat (CRIU's image directory); a hidden sibling directory of
+// hard links is made and removed. After SendFinal the Source is spent:
+// whatever the result, further calls fail.
+func (s *Source) SendFinal(ctx context.Context, conn *transfer.Conn, imgDir string, w *DumpWatch, dumped, stop <-chan struct{}) (st FinalStats, err error) {
 	if s.err != nil {
 		return st, s.err
 	}
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }()
-	images, err := readImages(imgDir, s.log.Warn)
-	if err != nil {
-		return st, fmt.Errorf("precopy final: %w", err)
+	src := &imageSource{ctx: ctx, dir: imgDir, w: w, dumped: dumped, stop: stop, warn: s.log.Warn, sent: map[uint64]pagesImage{}}
+	if w == nil {
+		images, err := readImages(imgDir, s.log.Warn)
+		if err != nil {
+			return st, fmt.Errorf("precopy final: %w", err)
+		}
+		src.rest, src.swept = images, true
 	}
-	meta, err := linkOthers(imgDir)
-	if err != nil {
-		return st, fmt.Errorf("precopy final: %w", err)
-	}
-	defer os.RemoveAll(meta)
 
 	s.err = errors.New("precopy: the final delta was sent already")
 	opts := s.cfg.Send
-	opts.Name = "precopy-images"
-	mst, err := conn.SendDir(ctx, meta, opts)
-	st.MetaBytes = mst.WireBytes
-	if err != nil {
-		s.err = fmt.Errorf("%w: final images: %w", ErrBroken, err)
-		return st, s.err
-	}
-	fr := &finalReader{s: s, ctx: ctx, images: images, st: &st}
+	fr := &finalReader{s: s, ctx: ctx, next: src.next, ready: src.ready, st: &st}
 	opts.Name = "precopy-final"
 	dst, err := conn.SendStream(ctx, fr, opts)
 	st.DeltaBytes = dst.WireBytes
@@ -82,10 +81,127 @@ func (s *Source) SendFinal(ctx context.Context, conn *transfer.Conn, imgDir stri
 		s.err = fmt.Errorf("%w: final delta: %w", ErrBroken, err)
 		return st, s.err
 	}
+	// Only now is the dump complete.
+	meta, err := linkOthers(imgDir)
+	if err != nil {
+		s.err = fmt.Errorf("%w: final images: %w", ErrBroken, err)
+		return st, s.err
+	}
+	defer os.RemoveAll(meta)
+	opts.Name = "precopy-images"
+	mst, err := conn.SendDir(ctx, meta, opts)
+	st.MetaBytes = mst.WireBytes
+	if err != nil {
+		s.err = fmt.Errorf("%w: final images: %w", ErrBroken, err)
+		return st, s.err
+	}
 	s.log.Debug("precopy final", "images", st.Images, "pages", st.Pages, "held", st.HeldPages,
-		"copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages,
+		"copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages, "early", src.early,
 		"meta_bytes", st.MetaBytes, "delta_bytes", st.DeltaBytes, "ms", time.Since(start).Milliseconds())
 	return st, nil
+}
+
+// ErrDumpFailed ends a final delta whose dump failed (SendFinal's stop).
+var ErrDumpFailed = errors.New("precopy: the dump failed")
+
+// imageSource hands the final delta its pages images: those a DumpWatch
+// reports complete while CRIU dumps, then, once the dump is done, every
+// other one (the sweep).
+type imageSource struct {
+	ctx    context.Context
+	dir    string
+	w      *DumpWatch
+	dumped <-chan struct{}
+	stop   <-chan struct{}
+	warn   func(msg string, args ...any)
+
+	sent  map[uint64]pagesImage // by id, as described when sent
+	early int                   // images sent before the dump was done
+	swept bool
+	rest  []pagesImage // after the sweep, those still to send
+}
+
+// ready reports whether next would return at once.
+func (r *imageSource) ready() bool {
+	if r.swept {
+		return true
+	}
+	select {
+	case <-r.dumped:
+		return true
+	default:
+	}
+	if r.w == nil {
+		return false
+	}
+	r.w.mu.Lock()
+	defer r.w.mu.Unlock()
+	return len(r.w.ready) > 0 || r.w.err != nil
+}
+
+// next returns the next pages image to send; ok is false when all were.
+func (r *imageSource) next() (im pagesImage, ok bool, err error) {
+	for !r.swept {
+		id, pm, got, werr := r.w.take()
+		if werr != nil {
+			// Not fatal: what the watch missed, the sweep finds.
+			r.warn("precopy final: dump watch stopped; the rest goes after the dump", "err", werr)
+			r.w = nil
+		}
+		if got {
+			im, err := statPagesImage(r.dir, id)
+			if err != nil {
+				return im, false, err
+			}
+			im.locate(pm, true, r.warn)
+			r.sent[id] = im
+			r.early++
+			return im, true, nil
+		}
+		var changed <-chan struct{}
+		if r.w != nil {
+			changed = r.w.changed
+		}
+		select {
+		case <-changed:
+		case <-r.dumped:
+			if err := r.sweep(); err != nil {
+				return im, false, err
+			}
+		case <-r.stop:
+			return im, false, ErrDumpFailed
+		case <-r.ctx.Done():
+			return im, false, r.ctx.Err()
+		}
+	}
+	if len(r.rest) == 0 {
+		return im, false, nil
+	}
+	im, r.rest = r.rest[0], r.rest[1:]
+	return im, true, nil
+}
+
+// sweep runs once the dump is complete: the images not sent yet are the
+// rest, and every image sent early must be as it was when it went (CRIU
+// writes an image once; one that changed would leave the destination's
+// copy stale).
+func (r *imageSource) sweep() error {
+	r.swept = true
+	all, err := readImages(r.dir, r.warn)
+	if err != nil {
+		return err
+	}
+	for _, im := range all {
+		was, ok := r.sent[im.id]
+		if !ok {
+			r.rest = append(r.rest, im)
+			continue
+		}
+		if im.size != was.size || !im.mtime.Equal(was.mtime) || len(im.runs) != len(was.runs) {
+			return fmt.Errorf("%s changed after it was sent (%d bytes at %v, then %d at %v)", im.path, was.size, was.mtime, im.size, im.mtime)
+		}
+	}
+	return nil
 }
 
 // linkOthers makes a hidden sibling of dir holding hard links to every
@@ -133,12 +249,19 @@ func linkOthers(dir string) (string, error) {
 	return meta, nil
 }
 
+// Pending reports whether a Read would return without waiting for the
+// dump (transfer.SendStream sends what it has before such a wait).
+func (r *finalReader) Pending() bool {
+	return r.off < len(r.enc.buf) || r.file != nil || !r.begun || r.done || r.ready == nil || r.ready()
+}
+
 // finalReader produces the final delta as SendStream reads it.
 type finalReader struct {
-	s      *Source
-	ctx    context.Context
-	images []pagesImage
-	st     *FinalStats
+	s     *Source
+	ctx   context.Context
+	next  func() (pagesImage, bool, error) // the next pages image, until false
+	ready func() bool                      // whether next would return at once (nil: always)
+	st    *FinalStats
 
 	enc   encoder
 	off   int
@@ -146,7 +269,6 @@ type finalReader struct {
 	done  bool
 
 	// The image being read.
-	next   int // index of the next image to open
 	file   *os.File
 	left   int64 // bytes of it still to read
 	runs   []pageRun
@@ -187,9 +309,16 @@ func (r *finalReader) produce() error {
 			return err
 		}
 		r.enc.single(record{typ: recFileEnd, count: uint32(r.pages), addr: r.digest.Sum64()})
-	case r.next < len(r.images):
-		im := r.images[r.next]
-		r.next++
+	default:
+		im, ok, err := r.next()
+		if err != nil {
+			return err
+		}
+		if !ok {
+			r.enc.single(record{typ: recEnd, addr: r.enc.pages, saddr: r.enc.records})
+			r.done = true
+			return nil
+		}
 		f, err := os.Open(im.path)
 		if err != nil {
 			return err
@@ -204,9 +333,6 @@ func (r *finalReader) produce() error {
 		r.st.Images++
 		r.st.DumpBytes += im.size
 		r.enc.single(record{typ: recFile, count: uint32(pages), spid: uint32(im.mode), addr: im.id})
-	default:
-		r.enc.single(record{typ: recEnd, addr: r.enc.pages, saddr: r.enc.records})
-		r.done = true
 	}
 	return nil
 }

@@ -3,12 +3,16 @@ package precopy
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/edgehop/edgehop/internal/testutil"
+	"github.com/edgehop/edgehop/internal/transfer"
 )
 
 // TestFinalWithoutRounds sends a dump with no live round before it: the
@@ -83,7 +87,7 @@ func TestFailedRoundIsSticky(t *testing.T) {
 	if _, err := source.Round(ctx, src2); !errors.Is(err, ErrBroken) {
 		t.Fatalf("round after a failed one: %v, want ErrBroken", err)
 	}
-	if _, err := source.SendFinal(ctx, src2, t.TempDir()); !errors.Is(err, ErrBroken) {
+	if _, err := source.SendFinal(ctx, src2, t.TempDir(), nil, nil, nil); !errors.Is(err, ErrBroken) {
 		t.Fatalf("final after a failed round: %v, want ErrBroken", err)
 	}
 	// Rounds stops at an announcement that fails, before any round.
@@ -121,12 +125,175 @@ func TestRebuildFailureLeavesNothing(t *testing.T) {
 		_, err := store.RebuildFinal(ctx, dst, rebuilt)
 		done <- err
 	}()
-	_, serr := source.SendFinal(ctx, src, dump)
+	_, serr := source.SendFinal(ctx, src, dump, nil, nil, nil)
 	rerr := <-done
 	if !errors.Is(rerr, ErrCorrupt) {
 		t.Fatalf("rebuild: %v (send: %v), want ErrCorrupt", rerr, serr)
 	}
-	if _, err := os.Stat(rebuilt); !os.IsNotExist(err) {
-		t.Fatalf("failed rebuild left %s: %v", rebuilt, err)
+	for _, d := range []string{rebuilt, PagesDir(rebuilt)} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Fatalf("failed rebuild left %s: %v", d, err)
+		}
+	}
+}
+
+// followDump is a dump directory being written, a watch on it, and a
+// final delta under way from it to a rebuilt directory.
+type followDump struct {
+	dump, rebuilt    string
+	dumped, stop     chan struct{}
+	sent, rebuiltErr chan error
+	src, dst         *transfer.Conn
+}
+
+func startFollow(t *testing.T, ctx context.Context) *followDump {
+	t.Helper()
+	dir := shmDir(t)
+	f := &followDump{dump: filepath.Join(dir, "dump"), rebuilt: filepath.Join(dir, "rebuilt"), dumped: make(chan struct{}), stop: make(chan struct{}),
+		sent: make(chan error, 1), rebuiltErr: make(chan error, 1)}
+	if err := os.Mkdir(f.dump, 0o750); err != nil {
+		t.Fatal(err)
+	}
+	w, err := WatchDump(f.dump, t.Logf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { w.Close() })
+	source, err := NewSource(Config{Pid: os.Getpid()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := newTestStore(t)
+	src, dst := connPair(t, nil)
+	f.src, f.dst = src, dst
+	go func() {
+		_, err := store.RebuildFinal(ctx, dst, f.rebuilt)
+		f.rebuiltErr <- err
+	}()
+	go func() {
+		_, err := source.SendFinal(ctx, src, f.dump, w, f.dumped, f.stop)
+		f.sent <- err
+	}()
+	return f
+}
+
+// writeProcess writes a process's pagemap and pages image as CRIU does:
+// pages first, each closed once written.
+func (f *followDump) writeProcess(t *testing.T, pid uint32, id uint64, pages ...[]byte) {
+	t.Helper()
+	var img []byte
+	for _, p := range pages {
+		img = append(img, p...)
+	}
+	if err := os.WriteFile(filepath.Join(f.dump, fmt.Sprintf("pages-%d.img", id)), img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writePagemap(t, filepath.Join(f.dump, fmt.Sprintf("pagemap-%d.img", pid)), id,
+		[]pmEntry{{addr: 0x7f0000000000, pages: uint64(len(pages)), flags: pePresent}})
+}
+
+// TestFinalFollowsDump: with a DumpWatch, a process's pages reach the
+// destination while the dump is still being written (before dumped), the
+// images the watch could not report (a pages image with no pagemap yet)
+// go after it, and the rebuilt directory equals the dump.
+func TestFinalFollowsDump(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := startFollow(t, ctx)
+	f.writeProcess(t, 1, 1, filled(1), filled(2))
+	// Process 1's pages cross while CRIU would still dump.
+	early := filepath.Join(PagesDir(f.rebuilt), "pages-1.img")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if fi, err := os.Stat(early); err != nil || fi.Size() != 2*PageSize {
+			return fmt.Errorf("pages-1.img not at the destination before the dump ended (%v)", err)
+		}
+		return nil
+	})
+	f.writeProcess(t, 2, 2, filled(3))
+	// A pages image whose pagemap never comes: only the sweep finds it.
+	if err := os.WriteFile(filepath.Join(f.dump, "pages-9.img"), filled(4), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string]string{"core-1.img": "core", "inventory.img": "inv", "stats-dump": "stats"} {
+		if err := os.WriteFile(filepath.Join(f.dump, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(f.dumped)
+	if err := <-f.sent; err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	if err := <-f.rebuiltErr; err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	sameTree(t, f.dump, f.rebuilt)
+	if _, err := os.Stat(PagesDir(f.rebuilt)); !os.IsNotExist(err) {
+		t.Errorf("rebuild left %s: %v", PagesDir(f.rebuilt), err)
+	}
+}
+
+// TestFinalFollowRefusesRewrittenImage: a pages image that changes after
+// it was sent early (CRIU writes each once; anything else would leave the
+// destination's copy stale) fails the final delta rather than pass.
+func TestFinalFollowRefusesRewrittenImage(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := startFollow(t, ctx)
+	f.writeProcess(t, 1, 1, filled(1))
+	early := filepath.Join(PagesDir(f.rebuilt), "pages-1.img")
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if fi, err := os.Stat(early); err != nil || fi.Size() != PageSize {
+			return fmt.Errorf("pages-1.img not at the destination (%v)", err)
+		}
+		return nil
+	})
+	img := filepath.Join(f.dump, "pages-1.img")
+	if err := os.WriteFile(img, append(filled(1), filled(2)...), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writePagemap(t, filepath.Join(f.dump, "pagemap-1.img"), 1, []pmEntry{{addr: 0x7f0000000000, pages: 2, flags: pePresent}})
+	close(f.dumped)
+	if err := <-f.sent; err == nil || !strings.Contains(err.Error(), "changed after it was sent") {
+		t.Fatalf("send: %v, want the rewritten image named", err)
+	}
+	if err := <-f.rebuiltErr; err == nil {
+		t.Fatal("the rebuild succeeded from a stale image")
+	}
+	for _, d := range []string{f.rebuilt, PagesDir(f.rebuilt)} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("failed rebuild left %s: %v", d, err)
+		}
+	}
+}
+
+// TestFinalFollowDumpFails: a dump that fails while its pages cross ends
+// the delta with an abort: the destination's rebuild fails and leaves
+// nothing, and the connection stays usable for the reason.
+func TestFinalFollowDumpFails(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := startFollow(t, ctx)
+	f.writeProcess(t, 1, 1, filled(1))
+	testutil.Eventually(t, 10*time.Second, func() error {
+		_, err := os.Stat(filepath.Join(PagesDir(f.rebuilt), "pages-1.img"))
+		return err
+	})
+	close(f.stop)
+	if err := <-f.sent; !errors.Is(err, ErrDumpFailed) {
+		t.Fatalf("send: %v, want ErrDumpFailed", err)
+	}
+	if err := <-f.rebuiltErr; !errors.Is(err, transfer.ErrAborted) {
+		t.Fatalf("rebuild: %v, want the sender's abort", err)
+	}
+	for _, d := range []string{f.rebuilt, PagesDir(f.rebuilt)} {
+		if _, err := os.Stat(d); !os.IsNotExist(err) {
+			t.Errorf("failed rebuild left %s: %v", d, err)
+		}
+	}
+	if err := f.src.WriteMsg(ctx, "abort", nil); err != nil {
+		t.Fatalf("the connection after the abort: %v", err)
+	}
+	if typ, _, err := f.dst.ReadMsg(ctx); err != nil || typ != "abort" {
+		t.Fatalf("the reason after the abort: %q, %v", typ, err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"strconv"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -44,10 +45,11 @@ type pageRun struct {
 
 // pagesImage is one pages-<id>.img of a dump and where its pages live.
 type pagesImage struct {
-	id   uint64
-	path string
-	size int64
-	mode os.FileMode
+	id    uint64
+	path  string
+	size  int64
+	mode  os.FileMode
+	mtime time.Time // when it was described; a changed image was rewritten
 	// runs locate the image's pages in order; nil when no pagemap
 	// describes the image (its pages are then sent without an address).
 	runs []pageRun
@@ -168,35 +170,23 @@ func readImages(dir string, warn func(msg string, args ...any)) ([]pagesImage, e
 	maps := map[uint64]pagemap{}
 	for _, e := range ents {
 		name := e.Name()
-		if m := pagesImageRE.FindStringSubmatch(name); m != nil {
-			id, err := strconv.ParseUint(m[1], 10, 64)
-			if err != nil {
-				return nil, fmt.Errorf("%s: %w", name, err)
-			}
-			info, err := e.Info()
+		if id, ok, err := pagesImageID(name); ok || err != nil {
 			if err != nil {
 				return nil, err
 			}
-			if !info.Mode().IsRegular() {
-				return nil, fmt.Errorf("%s is not a regular file", name)
+			im, err := statPagesImage(dir, id)
+			if err != nil {
+				return nil, err
 			}
-			if info.Size()%PageSize != 0 {
-				return nil, fmt.Errorf("%s: %d bytes is not a whole number of pages", name, info.Size())
-			}
-			images = append(images, pagesImage{id: id, path: filepath.Join(dir, name), size: info.Size(), mode: info.Mode().Perm()})
+			images = append(images, im)
 			continue
 		}
-		m := pagemapImageRE.FindStringSubmatch(name)
-		if m == nil {
-			continue
+		pid, ok, err := pagemapPID(name)
+		if err != nil {
+			return nil, err
 		}
-		var pid uint32
-		if m[1] == "" {
-			n, err := strconv.ParseUint(m[2], 10, 32)
-			if err != nil || n == 0 {
-				return nil, fmt.Errorf("%s: bad pid", name)
-			}
-			pid = uint32(n)
+		if !ok {
+			continue
 		}
 		pm, err := readPagemap(filepath.Join(dir, name), pid)
 		if err != nil {
@@ -209,23 +199,74 @@ func readImages(dir string, warn func(msg string, args ...any)) ([]pagesImage, e
 	}
 	slices.SortFunc(images, func(a, b pagesImage) int { return cmp.Compare(a.id, b.id) })
 	for i := range images {
-		im := &images[i]
-		pm, ok := maps[im.id]
-		if !ok {
-			warn("pages image without a pagemap: sent as data", "image", im.path)
-			continue
-		}
-		var pages uint64
-		for _, r := range pm.runs {
-			pages += r.count
-		}
-		if pages*PageSize != uint64(im.size) {
-			warn("pagemap disagrees with its pages image: sent as data", "image", im.path, "pagemap_pages", pages, "image_bytes", im.size)
-			continue
-		}
-		im.runs = pm.runs
+		pm, ok := maps[images[i].id]
+		images[i].locate(pm, ok, warn)
 	}
 	return images, nil
+}
+
+// pagesImageID parses a pages image's name; ok is false for other names.
+func pagesImageID(name string) (id uint64, ok bool, err error) {
+	m := pagesImageRE.FindStringSubmatch(name)
+	if m == nil {
+		return 0, false, nil
+	}
+	id, err = strconv.ParseUint(m[1], 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("%s: %w", name, err)
+	}
+	return id, true, nil
+}
+
+// pagemapPID parses a pagemap image's name: the pid whose addresses it
+// describes, 0 for shared memory; ok is false for other names.
+func pagemapPID(name string) (pid uint32, ok bool, err error) {
+	m := pagemapImageRE.FindStringSubmatch(name)
+	if m == nil {
+		return 0, false, nil
+	}
+	if m[1] == "" {
+		n, err := strconv.ParseUint(m[2], 10, 32)
+		if err != nil || n == 0 {
+			return 0, false, fmt.Errorf("%s: bad pid", name)
+		}
+		pid = uint32(n)
+	}
+	return pid, true, nil
+}
+
+// statPagesImage describes pages-<id>.img in dir, without runs.
+func statPagesImage(dir string, id uint64) (pagesImage, error) {
+	path := filepath.Join(dir, fmt.Sprintf("pages-%d.img", id))
+	info, err := os.Lstat(path)
+	if err != nil {
+		return pagesImage{}, err
+	}
+	if !info.Mode().IsRegular() {
+		return pagesImage{}, fmt.Errorf("%s is not a regular file", path)
+	}
+	if info.Size()%PageSize != 0 {
+		return pagesImage{}, fmt.Errorf("%s: %d bytes is not a whole number of pages", path, info.Size())
+	}
+	return pagesImage{id: id, path: path, size: info.Size(), mode: info.Mode().Perm(), mtime: info.ModTime()}, nil
+}
+
+// locate gives im the runs of its pagemap pm (ok: there is one) when they
+// account for every page of it; otherwise warn says why it stays without.
+func (im *pagesImage) locate(pm pagemap, ok bool, warn func(msg string, args ...any)) {
+	if !ok {
+		warn("pages image without a pagemap: sent as data", "image", im.path)
+		return
+	}
+	var pages uint64
+	for _, r := range pm.runs {
+		pages += r.count
+	}
+	if pages*PageSize != uint64(im.size) {
+		warn("pagemap disagrees with its pages image: sent as data", "image", im.path, "pagemap_pages", pages, "image_bytes", im.size)
+		return
+	}
+	im.runs = pm.runs
 }
 
 // LazyRun is a run of pages a lazy dump left on the source's page server:

@@ -136,7 +136,7 @@ func doFinal(t testing.TB, ctx context.Context, s *Source, st *Store, src, dst *
 		r, err := st.RebuildFinal(ctx, dst, rebuiltDir)
 		recv <- result{r, err}
 	}()
-	sent, err := s.SendFinal(ctx, src, dumpDir)
+	sent, err := s.SendFinal(ctx, src, dumpDir, nil, nil, nil)
 	got := <-recv
 	if err != nil || got.err != nil {
 		t.Fatalf("final: send %v, rebuild %v", err, got.err)

@@ -15,6 +15,7 @@ import (
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/transfer"
+	"golang.org/x/sys/unix"
 )
 
 // Store is the destination's copy of the source's memory: one sparse file
@@ -280,28 +281,61 @@ func (s *Store) copy(r record) error {
 // RebuildFinal receives what Source.SendFinal sends and writes the
 // complete CRIU image directory imgDir (which must not exist) from the
 // store and the delta: every image as the source dumped it, byte for
-// byte. Each pages image's digest is checked (ErrMismatch). On error
-// nothing is left at imgDir. The store releases pages as they are used,
-// so memory does not double; after RebuildFinal, successful or not, the
-// store is spent and only Close remains.
+// byte. Each pages image's digest is checked (ErrMismatch). The pages
+// images are written to imgDir + "-pages" while the others have not
+// arrived, and moved in once they have. On error nothing is left at
+// either. The store releases pages as they are used, so memory does not
+// double; after RebuildFinal, successful or not, the store is spent and
+// only Close remains.
 func (s *Store) RebuildFinal(ctx context.Context, conn *transfer.Conn, imgDir string) (st FinalStats, err error) {
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }()
-	mst, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{})
-	st.MetaBytes = mst.WireBytes
-	if err != nil {
+	pagesDir := PagesDir(imgDir)
+	if err := os.RemoveAll(pagesDir); err != nil {
 		return st, fmt.Errorf("precopy rebuild: %w", err)
 	}
-	fb := &finalBuilder{s: s, dir: imgDir, st: &st, pending: map[uint32]linux.MemRange{}}
+	if err := os.Mkdir(pagesDir, 0o700); err != nil {
+		return st, fmt.Errorf("precopy rebuild: %w", err)
+	}
+	defer os.RemoveAll(pagesDir)
+	fb := &finalBuilder{s: s, dir: pagesDir, st: &st, pending: map[uint32]linux.MemRange{}}
 	dst, err := s.receive(ctx, conn, fb.apply)
 	st.DeltaBytes = dst.WireBytes
 	if err != nil {
-		return st, fmt.Errorf("precopy rebuild: %w", errors.Join(err, fb.abandon(), os.RemoveAll(imgDir)))
+		return st, fmt.Errorf("precopy rebuild: %w", errors.Join(err, fb.abandon()))
+	}
+	mst, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{})
+	st.MetaBytes = mst.WireBytes
+	if err == nil {
+		err = movePages(pagesDir, imgDir)
+	}
+	if err != nil {
+		return st, fmt.Errorf("precopy rebuild: %w", errors.Join(err, os.RemoveAll(imgDir)))
 	}
 	s.log.Debug("precopy rebuilt images", "dir", imgDir, "images", st.Images, "pages", st.Pages,
 		"held", st.HeldPages, "copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages,
 		"ms", time.Since(start).Milliseconds())
 	return st, nil
+}
+
+// PagesDir is where RebuildFinal writes the pages images of imgDir before
+// the other images arrive; a destination that gave up removes it.
+func PagesDir(imgDir string) string { return imgDir + "-pages" }
+
+// movePages moves every pages image from dir into imgDir, none over an
+// image of the same name there.
+func movePages(dir, imgDir string) error {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return err
+	}
+	for _, e := range ents {
+		src, dst := filepath.Join(dir, e.Name()), filepath.Join(imgDir, e.Name())
+		if err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+			return fmt.Errorf("%w: pages image %s: %w", ErrCorrupt, e.Name(), err)
+		}
+	}
+	return nil
 }
 
 // finalBuilder writes pages images from a final delta.

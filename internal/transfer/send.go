@@ -53,7 +53,10 @@ func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (St
 // 64 KiB, so a slow producer's data is not held back for long.
 //
 // SendStream reads r from its own goroutine and returns only after that
-// read returns, so r must not block indefinitely once ctx is done.
+// read returns, so r must not block indefinitely once ctx is done. An r
+// with a method Pending() bool, which reports false when its next Read
+// would wait for data not there yet, has what it produced so far sent
+// before that wait.
 func (c *Conn) SendStream(ctx context.Context, r io.Reader, opts SendOptions) (Stats, error) {
 	st, err := c.sendStream(ctx, streamHeader{Kind: streamObject}, opts, func(p *producer) error {
 		return p.copyFrom(r)
@@ -516,8 +519,10 @@ func (p *producer) copyFrom(r io.Reader) error {
 
 // fillChunk reads into b until it is full, r fails or ends, or a short read
 // has gathered at least minFlush bytes (data from a pipe goes out without
-// waiting for a full chunk; a regular file reads full chunks).
+// waiting for a full chunk; a regular file reads full chunks), or r says
+// its next read would wait (Pending, see SendStream).
 func fillChunk(r io.Reader, b []byte) (int, error) {
+	pr, _ := r.(interface{ Pending() bool })
 	n := 0
 	for n < len(b) {
 		want := len(b) - n
@@ -527,6 +532,9 @@ func fillChunk(r io.Reader, b []byte) (int, error) {
 			return n, err
 		}
 		if m < want && n >= minFlush {
+			break
+		}
+		if pr != nil && n > 0 && !pr.Pending() {
 			break
 		}
 	}
