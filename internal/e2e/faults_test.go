@@ -251,6 +251,10 @@ func TestKillAgentMidMigration(t *testing.T) {
 		return f.phase("node0", id) == migration.Frozen && f.receiving("node1")
 	}
 	done := func(f *faultBed, id string) bool { return f.phase("node0", id) == migration.Done }
+	finalDelta := func(f *faultBed, id string) bool {
+		_, err := os.Stat(filepath.Join(f.node("node1").StateDir, "scratch", "redis-in-pages"))
+		return f.phase("node0", id) == migration.Frozen && err == nil
+	}
 	for _, tc := range []struct {
 		name string
 		step
@@ -265,6 +269,10 @@ func TestKillAgentMidMigration(t *testing.T) {
 		{"destination/live-rounds", step{"node1", "pre-copy", phaseIs("node0", migration.LiveRounds), "node0"}},
 		{"destination/dump", step{"node1", "stop-and-copy", phaseIs("node1", migration.Frozen), "node0"}},
 		{"destination/transfer", step{"node1", "stop-and-copy", transferring, "node0"}},
+		// Pre-copy's final delta crosses while CRIU dumps, into a
+		// directory of its own on the destination.
+		{"source/final-delta", step{"node0", "pre-copy", finalDelta, "node0"}},
+		{"destination/final-delta", step{"node1", "pre-copy", finalDelta, "node0"}},
 		{"destination/restore", step{"node1", "stop-and-copy", phaseIs("node1", migration.Transferred), "node0"}},
 		{"destination/after-commit", step{"node1", "stop-and-copy", done, "node1"}},
 	} {
