@@ -762,6 +762,7 @@ func (o *outgoing) sendState() error {
 		p := o.res.Precopy
 		p.DumpPages, p.HeldPages, p.CopyPages, p.ZeroPages, p.DataPages = fst.Pages, fst.HeldPages, fst.CopyPages, fst.ZeroPages, fst.DataPages
 		p.FinalBytes = fst.Bytes()
+		p.FinalImages, p.FinalEarly = fst.Images, fst.EarlyImages
 		o.res.StateBytes += fst.DumpBytes
 		if err != nil {
 			return o.peerReason(fmt.Errorf("send final delta: %w", err))

@@ -121,6 +121,10 @@ type Precopy struct {
 	ZeroPages  int64 `json:"zero_pages,omitempty"`
 	DataPages  int64 `json:"data_pages,omitempty"`
 	FinalBytes int64 `json:"final_bytes,omitempty"`
+	// FinalImages counts the dump's pages images, FinalEarly those sent
+	// while CRIU was still dumping (precopy.DumpWatch).
+	FinalImages int `json:"final_images,omitempty"`
+	FinalEarly  int `json:"final_early,omitempty"`
 	// Lazy pages (hybrid): served from the destination's copy vs sent.
 	LazyHeldPages int64 `json:"lazy_held_pages,omitempty"`
 	LazyDataPages int64 `json:"lazy_data_pages,omitempty"`

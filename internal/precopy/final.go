@@ -25,6 +25,9 @@ type FinalStats struct {
 	// destination, CopyPages at another address; ZeroPages went as a flag
 	// and DataPages as data: DataPages is what changed since the rounds.
 	HeldPages, CopyPages, ZeroPages, DataPages int64
+	// EarlyImages of the pages images were sent before the dump was done
+	// (SendFinal with a DumpWatch).
+	EarlyImages int
 	// MetaBytes are the wire bytes of the other images, DeltaBytes those
 	// of the pages delta.
 	MetaBytes, DeltaBytes int64
@@ -81,6 +84,7 @@ func (s *Source) SendFinal(ctx context.Context, conn *transfer.Conn, imgDir stri
 		s.err = fmt.Errorf("%w: final delta: %w", ErrBroken, err)
 		return st, s.err
 	}
+	st.EarlyImages = src.early
 	// Only now is the dump complete.
 	meta, err := linkOthers(imgDir)
 	if err != nil {
