@@ -149,6 +149,13 @@ type followDump struct {
 
 func startFollow(t *testing.T, ctx context.Context) *followDump {
 	t.Helper()
+	return startFollowWatch(t, ctx, nil)
+}
+
+// startFollowWatch is startFollow with hook called on the watch before
+// the final delta starts.
+func startFollowWatch(t *testing.T, ctx context.Context, hook func(*DumpWatch)) *followDump {
+	t.Helper()
 	dir := shmDir(t)
 	f := &followDump{dump: filepath.Join(dir, "dump"), rebuilt: filepath.Join(dir, "rebuilt"), dumped: make(chan struct{}), stop: make(chan struct{}),
 		sent: make(chan error, 1), rebuiltErr: make(chan error, 1)}
@@ -160,6 +167,9 @@ func startFollow(t *testing.T, ctx context.Context) *followDump {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.Close() })
+	if hook != nil {
+		hook(w)
+	}
 	source, err := NewSource(Config{Pid: os.Getpid()})
 	if err != nil {
 		t.Fatal(err)
@@ -301,5 +311,30 @@ func TestFinalFollowDumpFails(t *testing.T) {
 	}
 	if typ, _, err := f.dst.ReadMsg(ctx); err != nil || typ != "abort" {
 		t.Fatalf("the reason after the abort: %q, %v", typ, err)
+	}
+}
+
+// TestFinalFollowWatchSilent: a watch that reports nothing (stopped, or
+// its events lost) costs only the overlap: every image goes once the dump
+// is done, and the rebuilt directory still equals the dump.
+func TestFinalFollowWatchSilent(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	f := startFollowWatch(t, ctx, func(w *DumpWatch) { w.Close() })
+	f.writeProcess(t, 1, 1, filled(1), filled(2))
+	f.writeProcess(t, 2, 2, filled(3))
+	if err := os.WriteFile(filepath.Join(f.dump, "core-1.img"), []byte("core"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	close(f.dumped)
+	if err := <-f.sent; err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	if err := <-f.rebuiltErr; err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	sameTree(t, f.dump, f.rebuilt)
+	if f.early != 0 {
+		t.Errorf("%d images counted as early from a silent watch", f.early)
 	}
 }
