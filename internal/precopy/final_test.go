@@ -166,7 +166,7 @@ func startFollowWatch(t *testing.T, ctx context.Context, hook func(*DumpWatch)) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { w.Close() })
+	t.Cleanup(w.Close)
 	if hook != nil {
 		hook(w)
 	}

@@ -15,7 +15,6 @@ import (
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/transfer"
-	"golang.org/x/sys/unix"
 )
 
 // Store is the destination's copy of the source's memory: one sparse file
@@ -331,7 +330,7 @@ func movePages(dir, imgDir string) error {
 	}
 	for _, e := range ents {
 		src, dst := filepath.Join(dir, e.Name()), filepath.Join(imgDir, e.Name())
-		if err := unix.Renameat2(unix.AT_FDCWD, src, unix.AT_FDCWD, dst, unix.RENAME_NOREPLACE); err != nil {
+		if err := linux.RenameNoReplace(src, dst); err != nil {
 			return fmt.Errorf("%w: pages image %s: %w", ErrCorrupt, e.Name(), err)
 		}
 	}

@@ -1,13 +1,10 @@
 package runc
 
 import (
-	"encoding/binary"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // TestWatchWritten: the callback comes for the named file once written and
@@ -49,25 +46,4 @@ func TestWatchWritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	stop2()
-}
-
-// FuzzInotifyEvents: any bytes as a read of inotify events; seen never
-// panics, and finds a well-formed event's name.
-func FuzzInotifyEvents(f *testing.F) {
-	ev := func(name string) []byte {
-		b := make([]byte, unix.SizeofInotifyEvent, unix.SizeofInotifyEvent+16)
-		padded := make([]byte, 16)
-		copy(padded, name)
-		binary.NativeEndian.PutUint32(b[12:16], uint32(len(padded)))
-		return append(b, padded...)
-	}
-	f.Add(ev(statsDumpFile))
-	f.Add(append(ev("pages-1.img"), ev(statsDumpFile)...))
-	f.Add([]byte{1, 2, 3})
-	f.Fuzz(func(t *testing.T, b []byte) {
-		_ = seen(b, statsDumpFile)
-		if !seen(append(append([]byte(nil), ev("x")...), ev(statsDumpFile)...), statsDumpFile) {
-			t.Fatal("a well-formed event not seen")
-		}
-	})
 }
