@@ -130,11 +130,7 @@ func TestRebuildFailureLeavesNothing(t *testing.T) {
 	if !errors.Is(rerr, ErrCorrupt) {
 		t.Fatalf("rebuild: %v (send: %v), want ErrCorrupt", rerr, serr)
 	}
-	for _, d := range []string{rebuilt, PagesDir(rebuilt)} {
-		if _, err := os.Stat(d); !os.IsNotExist(err) {
-			t.Fatalf("failed rebuild left %s: %v", d, err)
-		}
-	}
+	requireGone(t, rebuilt, PagesDir(rebuilt))
 }
 
 // followDump is a dump directory being written, a watch on it, and a
@@ -204,6 +200,43 @@ func (f *followDump) writeProcess(t *testing.T, pid uint32, id uint64, pages ...
 		[]pmEntry{{addr: 0x7f0000000000, pages: uint64(len(pages)), flags: pePresent}})
 }
 
+// waitArrived waits until the destination holds the pages image name,
+// pages long, in its pages directory: sent while the dump goes on.
+func (f *followDump) waitArrived(t *testing.T, name string, pages int) {
+	t.Helper()
+	path := filepath.Join(PagesDir(f.rebuilt), name)
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if fi, err := os.Stat(path); err != nil || fi.Size() != int64(pages)*PageSize {
+			return fmt.Errorf("%s not at the destination before the dump ended (%v)", name, err)
+		}
+		return nil
+	})
+}
+
+// complete ends the dump and requires the send and the rebuild to succeed
+// with a rebuilt directory equal to the dump.
+func (f *followDump) complete(t *testing.T) {
+	t.Helper()
+	close(f.dumped)
+	if err := <-f.sent; err != nil {
+		t.Fatalf("send: %v", err)
+	}
+	if err := <-f.rebuiltErr; err != nil {
+		t.Fatalf("rebuild: %v", err)
+	}
+	sameTree(t, f.dump, f.rebuilt)
+}
+
+// requireGone fails the test for each of paths that exists.
+func requireGone(t *testing.T, paths ...string) {
+	t.Helper()
+	for _, p := range paths {
+		if _, err := os.Stat(p); !os.IsNotExist(err) {
+			t.Errorf("left behind %s: %v", p, err)
+		}
+	}
+}
+
 // TestFinalFollowsDump: with a DumpWatch, a process's pages reach the
 // destination while the dump is still being written (before dumped), the
 // images the watch could not report (a pages image with no pagemap yet)
@@ -214,13 +247,7 @@ func TestFinalFollowsDump(t *testing.T) {
 	f := startFollow(t, ctx)
 	f.writeProcess(t, 1, 1, filled(1), filled(2))
 	// Process 1's pages cross while CRIU would still dump.
-	early := filepath.Join(PagesDir(f.rebuilt), "pages-1.img")
-	testutil.Eventually(t, 10*time.Second, func() error {
-		if fi, err := os.Stat(early); err != nil || fi.Size() != 2*PageSize {
-			return fmt.Errorf("pages-1.img not at the destination before the dump ended (%v)", err)
-		}
-		return nil
-	})
+	f.waitArrived(t, "pages-1.img", 2)
 	f.writeProcess(t, 2, 2, filled(3))
 	// A pages image whose pagemap never comes: only the sweep finds it.
 	if err := os.WriteFile(filepath.Join(f.dump, "pages-9.img"), filled(4), 0o644); err != nil {
@@ -231,21 +258,12 @@ func TestFinalFollowsDump(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	close(f.dumped)
-	if err := <-f.sent; err != nil {
-		t.Fatalf("send: %v", err)
-	}
-	if err := <-f.rebuiltErr; err != nil {
-		t.Fatalf("rebuild: %v", err)
-	}
-	sameTree(t, f.dump, f.rebuilt)
+	f.complete(t)
 	// Process 1's went early; process 2's may have; pages-9's could not.
 	if f.early < 1 || f.early > 2 {
 		t.Errorf("%d pages images counted as sent early, want 1 or 2", f.early)
 	}
-	if _, err := os.Stat(PagesDir(f.rebuilt)); !os.IsNotExist(err) {
-		t.Errorf("rebuild left %s: %v", PagesDir(f.rebuilt), err)
-	}
+	requireGone(t, PagesDir(f.rebuilt))
 }
 
 // TestFinalFollowRefusesRewrittenImage: a pages image that changes after
@@ -256,13 +274,7 @@ func TestFinalFollowRefusesRewrittenImage(t *testing.T) {
 	defer cancel()
 	f := startFollow(t, ctx)
 	f.writeProcess(t, 1, 1, filled(1))
-	early := filepath.Join(PagesDir(f.rebuilt), "pages-1.img")
-	testutil.Eventually(t, 10*time.Second, func() error {
-		if fi, err := os.Stat(early); err != nil || fi.Size() != PageSize {
-			return fmt.Errorf("pages-1.img not at the destination (%v)", err)
-		}
-		return nil
-	})
+	f.waitArrived(t, "pages-1.img", 1)
 	img := filepath.Join(f.dump, "pages-1.img")
 	if err := os.WriteFile(img, append(filled(1), filled(2)...), 0o644); err != nil {
 		t.Fatal(err)
@@ -275,11 +287,7 @@ func TestFinalFollowRefusesRewrittenImage(t *testing.T) {
 	if err := <-f.rebuiltErr; err == nil {
 		t.Fatal("the rebuild succeeded from a stale image")
 	}
-	for _, d := range []string{f.rebuilt, PagesDir(f.rebuilt)} {
-		if _, err := os.Stat(d); !os.IsNotExist(err) {
-			t.Errorf("failed rebuild left %s: %v", d, err)
-		}
-	}
+	requireGone(t, f.rebuilt, PagesDir(f.rebuilt))
 }
 
 // TestFinalFollowDumpFails: a dump that fails while its pages cross ends
@@ -290,10 +298,7 @@ func TestFinalFollowDumpFails(t *testing.T) {
 	defer cancel()
 	f := startFollow(t, ctx)
 	f.writeProcess(t, 1, 1, filled(1))
-	testutil.Eventually(t, 10*time.Second, func() error {
-		_, err := os.Stat(filepath.Join(PagesDir(f.rebuilt), "pages-1.img"))
-		return err
-	})
+	f.waitArrived(t, "pages-1.img", 1)
 	close(f.stop)
 	if err := <-f.sent; !errors.Is(err, ErrDumpFailed) {
 		t.Fatalf("send: %v, want ErrDumpFailed", err)
@@ -301,11 +306,7 @@ func TestFinalFollowDumpFails(t *testing.T) {
 	if err := <-f.rebuiltErr; !errors.Is(err, transfer.ErrAborted) {
 		t.Fatalf("rebuild: %v, want the sender's abort", err)
 	}
-	for _, d := range []string{f.rebuilt, PagesDir(f.rebuilt)} {
-		if _, err := os.Stat(d); !os.IsNotExist(err) {
-			t.Errorf("failed rebuild left %s: %v", d, err)
-		}
-	}
+	requireGone(t, f.rebuilt, PagesDir(f.rebuilt))
 	if err := f.src.WriteMsg(ctx, "abort", nil); err != nil {
 		t.Fatalf("the connection after the abort: %v", err)
 	}
@@ -326,14 +327,7 @@ func TestFinalFollowWatchSilent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(f.dump, "core-1.img"), []byte("core"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	close(f.dumped)
-	if err := <-f.sent; err != nil {
-		t.Fatalf("send: %v", err)
-	}
-	if err := <-f.rebuiltErr; err != nil {
-		t.Fatalf("rebuild: %v", err)
-	}
-	sameTree(t, f.dump, f.rebuilt)
+	f.complete(t)
 	if f.early != 0 {
 		t.Errorf("%d images counted as early from a silent watch", f.early)
 	}
