@@ -165,16 +165,29 @@ func ipv4Source(p []byte) netip.Addr {
 }
 
 func holdRule(nsPath, op string, rules []string) error {
+	lines := make([]string, len(rules))
+	for i, r := range rules {
+		lines[i] = op + " " + r
+	}
+	if err := iptablesRestore(nsPath, "mangle", lines); err != nil {
+		return fmt.Errorf("hold rules %s: %w", op, err)
+	}
+	return nil
+}
+
+// iptablesRestore applies lines to table in the namespace at nsPath in one
+// `iptables-restore --noflush` transaction.
+func iptablesRestore(nsPath, table string, lines []string) error {
 	var b strings.Builder
-	b.WriteString("*mangle\n")
-	for _, r := range rules {
-		b.WriteString(op + " " + r + "\n")
+	b.WriteString("*" + table + "\n")
+	for _, l := range lines {
+		b.WriteString(l + "\n")
 	}
 	b.WriteString("COMMIT\n")
 	cmd := linux.Command(nsPath, "iptables-restore", "-w", "--noflush")
 	cmd.Stdin = strings.NewReader(b.String())
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("hold rules %s: %v: %s", op, err, bytes.TrimSpace(out))
+		return fmt.Errorf("%v: %s", err, bytes.TrimSpace(out))
 	}
 	return nil
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"fmt"
 	"net/netip"
-	"strings"
 
 	"github.com/edgehop/edgehop/internal/linux"
 )
@@ -20,19 +19,16 @@ const VTEPGuardChain = "EDGEHOP-VTEP"
 // rewritten on every call, with one jump from INPUT added once, so an
 // agent that restarts (or whose peers changed) calls it again.
 func (p *Plane) GuardVTEP(peers []netip.Addr) error {
-	var b strings.Builder
-	fmt.Fprintf(&b, "*filter\n:%s - [0:0]\n-F %s\n", VTEPGuardChain, VTEPGuardChain)
+	lines := []string{":" + VTEPGuardChain + " - [0:0]", "-F " + VTEPGuardChain}
 	for _, a := range peers {
 		if !a.IsValid() {
 			return fmt.Errorf("guard VTEP: invalid peer address %v", a)
 		}
-		fmt.Fprintf(&b, "-A %s -s %s -j RETURN\n", VTEPGuardChain, netip.PrefixFrom(a, a.BitLen()))
+		lines = append(lines, fmt.Sprintf("-A %s -s %s -j RETURN", VTEPGuardChain, netip.PrefixFrom(a, a.BitLen())))
 	}
-	fmt.Fprintf(&b, "-A %s -j DROP\nCOMMIT\n", VTEPGuardChain)
-	cmd := linux.Command(p.ns, "iptables-restore", "-w", "--noflush")
-	cmd.Stdin = strings.NewReader(b.String())
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("guard VTEP: iptables-restore: %v: %s", err, bytes.TrimSpace(out))
+	lines = append(lines, "-A "+VTEPGuardChain+" -j DROP")
+	if err := iptablesRestore(p.ns, "filter", lines); err != nil {
+		return fmt.Errorf("guard VTEP: iptables-restore: %w", err)
 	}
 	jump := []string{"INPUT", "-p", "udp", "--dport", fmt.Sprint(VXLANPort), "-j", VTEPGuardChain}
 	if linux.Command(p.ns, "iptables", append([]string{"-w", "-C"}, jump...)...).Run() == nil {
