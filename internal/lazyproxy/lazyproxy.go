@@ -146,16 +146,9 @@ func serve(ctx context.Context, l net.Listener, log *slog.Logger, handle func(co
 // each reply to a GET transformed by pages. Replies come in request order,
 // so the reply side learns from a queue which request each answers.
 func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bufio.Reader, to *bufio.Writer) error) error {
-	var closeSent atomic.Bool // a CLOSE went upstream: the session may end cleanly
-	end := func() {
-		if closeSent.Load() {
-			up.Close()
-		} else {
-			abortConn(up)
-		}
-	}
-	defer end()
-	stop := context.AfterFunc(ctx, func() { down.Close(); end() })
+	ps := &pageServerConn{Conn: up}
+	defer ps.end()
+	stop := context.AfterFunc(ctx, func() { down.Close(); ps.end() })
 	defer stop()
 	pending := make(chan header, 1024)
 	reqErr := make(chan error, 1)
@@ -190,7 +183,7 @@ func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bu
 			}
 			pending <- h
 			if h.op() != cmdGet {
-				closeSent.Store(true)
+				ps.sentClose()
 				halfClose(up)
 				reqErr <- nil
 				return
@@ -237,17 +230,27 @@ func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bu
 	return <-reqErr
 }
 
-// abortConn closes c with a reset where it is TCP. CRIU's page server
-// takes end of file before a CLOSE for the end of a successful session:
-// a lazy dump then kills the dumped tasks, and the source could no longer
-// resume the service when the destination failed. A reset (or any error)
-// makes the dump fail, and CRIU resumes the tasks. Every connection to
-// the page server that ends without a CLOSE is aborted so.
-func abortConn(c net.Conn) {
-	if tc, ok := c.(*net.TCPConn); ok {
+// pageServerConn is a connection to CRIU's page server. CRIU takes end
+// of file before a CLOSE for the end of a successful session: a lazy dump
+// then kills the dumped tasks, and the source could no longer resume the
+// service when the destination failed. So the connection ends with end of
+// file only once a CLOSE went up it, and with a reset before (or any
+// error), which makes the dump fail and CRIU resume the tasks.
+type pageServerConn struct {
+	net.Conn
+	closeSent atomic.Bool
+}
+
+// sentClose records that a CLOSE went up the connection.
+func (c *pageServerConn) sentClose() { c.closeSent.Store(true) }
+
+// end closes the connection: cleanly after a CLOSE, with a reset (where
+// it is TCP) before.
+func (c *pageServerConn) end() {
+	if tc, ok := c.Conn.(*net.TCPConn); ok && !c.closeSent.Load() {
 		_ = tc.SetLinger(0)
 	}
-	_ = c.Close()
+	_ = c.Conn.Close()
 }
 
 // halfClose ends c's sending side after a CLOSE. CRIU's lazy page server

@@ -159,21 +159,19 @@ type parkedReq struct {
 }
 
 type mux struct {
-	down, up net.Conn
-	st       *Stats
-	decode   pageDecoder
+	down   net.Conn
+	up     *pageServerConn
+	st     *Stats
+	decode pageDecoder
 
 	mu       sync.Mutex
 	cond     *sync.Cond
 	cache    map[pageKey][]byte
-	cached   int64 // bytes in cache
-	inFlight int64 // prefetched bytes asked for and not yet read
-	closed   bool  // the daemon sent CLOSE: no more requests upstream
-	started  bool  // the daemon made its first request
-	// closeSent: a CLOSE went upstream, after which the session may end
-	// with end of file; before it, only with a reset (abortConn).
-	closeSent bool
-	wg        sync.WaitGroup // readReplies and prefetch
+	cached   int64          // bytes in cache
+	inFlight int64          // prefetched bytes asked for and not yet read
+	closed   bool           // the daemon sent CLOSE: no more requests upstream
+	started  bool           // the daemon made its first request
+	wg       sync.WaitGroup // readReplies and prefetch
 	// lastFault is when the daemon last asked for a page it lacks (one
 	// page per request: its runs in the background are longer) that was
 	// not in the cache; quietTimer wakes the prefetch when faultQuiet
@@ -213,7 +211,7 @@ func newMux(up net.Conn, ranges []Range, st *Stats, decode pageDecoder) *mux {
 	slices.SortFunc(todo, func(a, b Range) int {
 		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Addr, b.Addr))
 	})
-	m := &mux{up: up, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
+	m := &mux{up: &pageServerConn{Conn: up}, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
 		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
 	for _, r := range ranges {
 		for i := uint64(0); i < r.Pages; i++ {
@@ -230,14 +228,10 @@ func (m *mux) fail(err error) {
 	if m.failed == nil {
 		m.failed = err
 	}
-	down, closeSent := m.down, m.closeSent
+	down := m.down
 	m.cond.Broadcast()
 	m.mu.Unlock()
-	if closeSent {
-		m.up.Close()
-	} else {
-		abortConn(m.up) // see abortConn: the source must be able to resume
-	}
+	m.up.end() // a reset before a CLOSE: the source must be able to resume
 	if down != nil {
 		down.Close()
 	}
@@ -250,7 +244,7 @@ func (m *mux) sendLocked(r upReq) error {
 		return err
 	}
 	if r.h.op() != cmdGet {
-		m.closeSent = true
+		m.up.sentClose()
 	}
 	m.pending = append(m.pending, r)
 	m.cond.Broadcast()
@@ -360,7 +354,7 @@ func (m *mux) readDaemon() error {
 				close(s.ready)
 				return err
 			}
-			halfClose(m.up)
+			halfClose(m.up.Conn)
 			return nil
 		default:
 			return fmt.Errorf("unknown page-server command %#x", h.cmd)
@@ -413,7 +407,7 @@ func (m *mux) deliveredLocked(pid, vaddr, nr uint64) {
 		return // the daemon's own CLOSE will try again
 	}
 	m.earlyClosed = true
-	halfClose(m.up)
+	halfClose(m.up.Conn)
 }
 
 // writeDaemon writes the answers in request order.
