@@ -285,10 +285,10 @@ func arnabGoals(cases []ARNABCase) []Goal {
 			continue
 		}
 		if best.Measured == nil || c.DowntimeMs < *best.Measured {
-			best.Measured = ptr(c.DowntimeMs)
+			best.Measured = new(c.DowntimeMs)
 		}
 		if c.Strategy == string(migration.PostCopy) {
-			total.Measured, down.Measured = ptr(c.TotalMs), ptr(c.DowntimeMs)
+			total.Measured, down.Measured = new(c.TotalMs), new(c.DowntimeMs)
 		}
 	}
 	met := func(g *Goal, limit float64) { g.Met = g.Measured != nil && *g.Measured <= limit }
@@ -297,9 +297,6 @@ func arnabGoals(cases []ARNABCase) []Goal {
 	met(&down, 200)
 	return []Goal{best, total, down}
 }
-
-// ptr returns a pointer to a copy of v.
-func ptr(v float64) *float64 { return &v }
 
 // WriteText prints the report as a table.
 func (r *ARNABReport) WriteText(w io.Writer) error {
