@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/agent"
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/netplane"
@@ -133,7 +134,7 @@ func checkNoOverlayInjection(t *testing.T, st *testbed.State, c ctr) {
 	// it arrived, and from which underlay address it left.
 	got := func(from, payload string) (bool, netip.Addr) {
 		t.Helper()
-		frame := vxlanFrame(4200, netplane.MACFor(ip), testbed.OverlayGW, ip, 9999, []byte(payload))
+		frame := vxlanFrame(agent.DefaultVNI, netplane.MACFor(ip), testbed.OverlayGW, ip, 9999, []byte(payload))
 		var local netip.Addr
 		err := linux.InNetNS(from, func() error {
 			u, err := net.Dial("udp4", vtep)
