@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -97,6 +98,7 @@ func runRun(ctx context.Context, args []string) error {
 	fs.Var(&env, "env", "environment variable KEY=VALUE (repeatable)")
 	group := fs.String("group", "", "make it a member of GROUP, which migrates as one unit ('edgehop migrate GROUP --to N')")
 	after := fs.String("after", "", "members of its group it depends on, comma-separated: restored before it serves")
+	pod := fs.String("pod", "", "make it a member of POD, a group whose members share one network namespace and address (the first member's), on one node")
 	asJSON := fs.Bool("json", false, "print the container as JSON")
 	if err := parse(fs, args); err != nil {
 		return err
@@ -134,8 +136,11 @@ func runRun(ctx context.Context, args []string) error {
 			}
 			return fmt.Errorf("a container named %q already runs on %s (pick another name or 'edgehop rm %s')", *name, c.Node, *name)
 		}
-		if *group != "" && c.Name == *group {
-			return fmt.Errorf("group %q would share the name of container %s on %s; pick another", *group, c.Name, c.Node)
+		if g := cmp.Or(*pod, *group); g != "" && c.Name == g {
+			return fmt.Errorf("group %q would share the name of container %s on %s; pick another", g, c.Name, c.Node)
+		}
+		if *pod != "" && c.Group == *pod && c.Node != *node {
+			return fmt.Errorf("pod %s runs on %s (its members share one network namespace there): run it with --node %s", *pod, c.Node, c.Node)
 		}
 		if *ip != "" && c.IP == *ip {
 			return fmt.Errorf("address %s is already used by %q on %s", *ip, c.Name, c.Node)
@@ -143,7 +148,7 @@ func runRun(ctx context.Context, args []string) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env, Group: *group, After: deps})
+	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env, Group: *group, After: deps, Pod: *pod})
 	if err != nil {
 		return err
 	}
@@ -153,6 +158,10 @@ func runRun(ctx context.Context, args []string) error {
 	fmt.Printf("%s running on %s at %s\n", c.Name, c.Node, c.IP)
 	return nil
 }
+
+// podHolder reports whether c is a pod's first member, whose network
+// namespace and address the others share.
+func podHolder(c api.Container) bool { return c.Pod != "" && c.NetOf == "" }
 
 type multiFlag []string
 
@@ -191,7 +200,13 @@ func runPs(ctx context.Context, args []string) error {
 		}
 		if group == "" {
 			group = "-"
-		} else if len(c.After) > 0 {
+		} else if c.Pod != "" {
+			group = "pod " + c.Pod
+			if c.NetOf != "" {
+				group += " (net of " + c.NetOf + ")"
+			}
+		}
+		if len(c.After) > 0 {
 			group += " (after " + strings.Join(c.After, ",") + ")"
 		}
 		if user == "" {
@@ -257,8 +272,10 @@ func runRm(ctx context.Context, args []string) error {
 		case members == nil:
 			err = agents(st)[c.Node].Remove(ctx, name)
 		default:
-			// A group: every member, dependents first.
+			// A group: every member, dependents first; a pod's first
+			// member, which holds the others' network, last.
 			ordered := byDependency(members)
+			sort.SliceStable(ordered, func(i, j int) bool { return podHolder(ordered[i]) && !podHolder(ordered[j]) })
 			for i := len(ordered) - 1; i >= 0; i-- {
 				m := ordered[i]
 				err = errors.Join(err, agents(st)[m.Node].Remove(ctx, m.Name))

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -51,6 +53,19 @@ type container struct {
 	// then would point its FDB back here. Guarded by Agent.mu.
 	handedOver bool
 }
+
+// netOwner names the container whose network namespace, address and
+// link the container uses: its own, or its pod's first member's.
+func (m meta) netOwner() string {
+	if m.PodNet != "" {
+		return m.PodNet
+	}
+	return m.Name
+}
+
+// joined reports whether the container uses another pod member's network
+// (it has no namespace, link or endpoint of its own).
+func (m meta) joined() bool { return m.PodNet != "" && m.PodNet != m.Name }
 
 var containerNameRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$`)
 
@@ -278,10 +293,25 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 		return api.Container{}, err
 	}
 	defer a.release(r.Name)
+	podNet, owner, err := a.podNet(r)
+	if err != nil {
+		return api.Container{}, err
+	}
+	if r.Pod != "" {
+		r.Group = r.Pod
+	}
 
 	var ip netip.Addr
-	var unreserve func()
-	if r.IP != "" {
+	unreserve := func() {}
+	if owner != nil {
+		// A later member of a pod: the first's address and namespace.
+		if ip, err = netip.ParseAddr(owner.IP); err != nil {
+			return api.Container{}, fmt.Errorf("pod %s's address %q: %v", r.Pod, owner.IP, err)
+		}
+		if r.IP != "" && r.IP != owner.IP {
+			return api.Container{}, fmt.Errorf("%w: pod %s's members share its address %s; drop --ip %s", ErrInvalid, r.Pod, owner.IP, r.IP)
+		}
+	} else if r.IP != "" {
 		if ip, err = netip.ParseAddr(r.IP); err != nil {
 			return api.Container{}, fmt.Errorf("%w: address %q: %v", ErrInvalid, r.IP, err)
 		}
@@ -308,7 +338,7 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
 		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
 		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes,
-			ShmInLayer: true, Group: r.Group, After: r.After}}
+			ShmInLayer: true, Group: r.Group, After: r.After, PodNet: podNet}}
 	if err := checkProcess(m.Name, m.Process); err != nil {
 		return api.Container{}, fmt.Errorf("%w: image %q or request: %v", ErrInvalid, r.Image, err)
 	}
@@ -343,12 +373,14 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if err := a.makeVolumes(m); err != nil {
 		return api.Container{}, err
 	}
-	if err := linux.NewNetNS(a.nsPath(r.Name)); err != nil {
-		return api.Container{}, err
-	}
-	ep := netplane.Endpoint{Container: r.Name, NetNSPath: a.nsPath(r.Name), Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
-	if err := a.plane.Attach(ep, false); err != nil {
-		return api.Container{}, err
+	if !m.joined() {
+		if err := linux.NewNetNS(a.nsPath(r.Name)); err != nil {
+			return api.Container{}, err
+		}
+		ep := netplane.Endpoint{Container: r.Name, NetNSPath: a.nsPath(r.Name), Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
+		if err := a.plane.Attach(ep, false); err != nil {
+			return api.Container{}, err
+		}
 	}
 	spec, err := a.runcSpec(m)
 	if err != nil {
@@ -369,19 +401,63 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	a.mu.Lock()
 	a.containers[r.Name] = c
 	a.mu.Unlock()
-	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	if aerr := a.announce(actx, a.endpoint(c), false); aerr != nil {
-		a.log.Warn("announce endpoint", "container", r.Name, "err", aerr)
+	if !m.joined() {
+		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		if aerr := a.announce(actx, a.endpoint(c), false); aerr != nil {
+			a.log.Warn("announce endpoint", "container", r.Name, "err", aerr)
+		}
 	}
-	a.log.Info("container started", "container", r.Name, "ip", m.IP, "image", r.Image)
+	a.log.Info("container started", "container", r.Name, "ip", m.IP, "image", r.Image, "pod_net", m.PodNet)
 	return a.describe(ctx, c), nil
+}
+
+// podNet checks a request's group or pod against the node's containers.
+// For a pod it returns whose network the container uses (PodNet), and
+// that container when it is another (nil for the pod's first member).
+func (a *Agent) podNet(r api.RunRequest) (string, *meta, error) {
+	if r.Pod != "" && r.Group != "" && r.Group != r.Pod {
+		return "", nil, fmt.Errorf("%w: pod %s is its own group; drop --group %s", ErrInvalid, r.Pod, r.Group)
+	}
+	group := cmp.Or(r.Pod, r.Group)
+	if group == "" {
+		return "", nil, nil
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var owner *meta
+	for _, c := range a.containers {
+		if c.meta.Group != group {
+			continue
+		}
+		switch {
+		case r.Pod == "" && c.meta.PodNet != "":
+			return "", nil, fmt.Errorf("%w: %s is a pod (its members share one address); join it with --pod %s", ErrInvalid, group, group)
+		case r.Pod != "" && c.meta.PodNet == "":
+			return "", nil, fmt.Errorf("%w: group %s is not a pod (its members have addresses of their own); join it with --group %s", ErrInvalid, group, group)
+		case r.Pod != "" && c.meta.PodNet == c.meta.Name:
+			m := c.meta
+			owner = &m
+		}
+	}
+	if r.Pod == "" {
+		return "", nil, nil
+	}
+	if owner == nil {
+		for _, c := range a.containers {
+			if c.meta.Group == group {
+				return "", nil, fmt.Errorf("%w: pod %s has members but not its first, %s, whose network they share", ErrConflict, group, c.meta.PodNet)
+			}
+		}
+		return r.Name, nil, nil
+	}
+	return owner.Name, owner, nil
 }
 
 func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 	s := runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
 		UID: m.UID, GID: m.GID, Groups: m.Groups, Mounts: a.volumeMounts(m),
-		NetNSPath: a.nsPath(m.Name), CgroupsPath: a.cgroupsPath(m.Name),
+		NetNSPath: a.nsPath(m.netOwner()), CgroupsPath: a.cgroupsPath(m.Name),
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
 	if m.ShmInLayer {
 		s.ShmDir = a.inLayer(m.Name, migration.ShmDir)
@@ -429,9 +505,7 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 	if err := a.rt.Delete(ctx, name, true); err != nil && !errors.Is(err, runc.ErrNotFound) {
 		errs = append(errs, err)
 	}
-	errs = append(errs, a.plane.Detach(name))
 	errs = append(errs, linux.Unmount(a.rootfs(name)))
-	errs = append(errs, linux.DeleteNetNS(a.nsPath(name)))
 	a.mu.Lock()
 	if c, ok := a.containers[name]; ok {
 		if c.log != nil {
@@ -440,6 +514,7 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 		delete(a.containers, name)
 	}
 	a.mu.Unlock()
+	errs = append(errs, a.releaseNet(a.readMeta(name)))
 	if err := os.RemoveAll(a.dir(name)); err != nil {
 		errs = append(errs, err)
 	}
@@ -448,6 +523,40 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 		a.log.Warn("destroy container", "container", name, "err", err)
 	}
 	return err
+}
+
+// readMeta is the container's recorded description, or one naming only
+// it when there is none.
+func (a *Agent) readMeta(name string) meta {
+	m := meta{Name: name}
+	if b, err := os.ReadFile(filepath.Join(a.dir(name), "meta.json")); err == nil && json.Unmarshal(b, &m) == nil && m.Name == name {
+		return m
+	}
+	return meta{Name: name}
+}
+
+// releaseNet removes the network a container used (m is gone from the
+// table): its namespace and link, unless another container still uses
+// them (a pod's other members, or its first member, here or arriving,
+// whose directory goes before its entry in the table).
+func (a *Agent) releaseNet(m meta) error {
+	owner := m.netOwner()
+	if owner != m.Name {
+		// The pod's first member is still here (or arriving).
+		if _, err := os.Stat(a.dir(owner)); err == nil {
+			return nil
+		}
+	}
+	a.mu.Lock()
+	inUse := false
+	for n, c := range a.containers {
+		inUse = inUse || (n != m.Name && c.meta.netOwner() == owner)
+	}
+	a.mu.Unlock()
+	if inUse {
+		return nil
+	}
+	return errors.Join(a.plane.Detach(owner), linux.DeleteNetNS(a.nsPath(owner)))
 }
 
 // stopGrace is how long a service whose image declares a stop signal
@@ -493,6 +602,20 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 		return err
 	}
 	defer a.release(name)
+	if !c.meta.joined() && c.meta.PodNet != "" {
+		a.mu.Lock()
+		var others []string
+		for n, o := range a.containers {
+			if n != name && o.meta.PodNet == name {
+				others = append(others, n)
+			}
+		}
+		a.mu.Unlock()
+		if len(others) > 0 {
+			sort.Strings(others)
+			return fmt.Errorf("%w: %s holds pod %s's network, which %v still use: remove them first, or the pod ('edgehop rm %s')", ErrConflict, name, c.meta.Group, others, c.meta.Group)
+		}
+	}
 	ep := a.endpoint(c)
 	a.stop(ctx, c)
 	if err := a.destroy(ctx, name); err != nil {
@@ -500,7 +623,9 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	if err := a.announce(actx, ep, true); err != nil {
+	if c.meta.joined() {
+		// The address stays the pod's.
+	} else if err := a.announce(actx, ep, true); err != nil {
 		a.log.Warn("withdraw endpoint", "container", name, "err", err)
 	}
 	a.log.Info("container removed", "container", name)
@@ -511,6 +636,12 @@ func (a *Agent) describe(ctx context.Context, c *container) api.Container {
 	out := api.Container{Name: c.meta.Name, Node: a.cfg.Node, Image: c.meta.Image, IP: c.meta.IP, MAC: c.meta.MAC,
 		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown", User: c.meta.User, Ports: c.meta.Ports,
 		Group: c.meta.Group, After: c.meta.After}
+	if c.meta.PodNet != "" {
+		out.Pod = c.meta.Group
+		if c.meta.joined() {
+			out.NetOf = c.meta.PodNet
+		}
+	}
 	if st, err := a.rt.State(ctx, c.meta.Name); err == nil {
 		out.Status, out.PID = string(st.Status), st.Pid
 		out.MemoryBytes = cgroupRSS(a.cgroupsPath(c.meta.Name))
@@ -557,7 +688,7 @@ func (a *Agent) Endpoints() []api.Endpoint {
 	defer a.mu.Unlock()
 	out := make([]api.Endpoint, 0, len(a.containers))
 	for _, c := range a.containers {
-		if !c.handedOver {
+		if !c.handedOver && !c.meta.joined() {
 			out = append(out, a.endpoint(c))
 		}
 	}

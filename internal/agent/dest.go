@@ -258,11 +258,14 @@ func (in *incoming) setup(ctx context.Context) error {
 	in.claimed = true
 	in.cleanup = append(in.cleanup, func() { a.release(p.Name) })
 	ip := netip.MustParseAddr(p.IP) // validated
-	unreserve, err := a.reserveIP(ip, p.Name, p.From)
-	if err != nil {
-		return err
+	joined := p.PodNet != "" && p.PodNet != p.Name
+	if !joined { // a pod's first member reserves the pod's address
+		unreserve, err := a.reserveIP(ip, p.Name, p.From)
+		if err != nil {
+			return err
+		}
+		in.unreserve = unreserve
 	}
-	in.unreserve = unreserve
 	lower, digest, err := a.imageFor(ctx, p.Image, p.Digest)
 	if err != nil {
 		return err
@@ -286,16 +289,25 @@ func (in *incoming) setup(ctx context.Context) error {
 	if err := a.writeMeta(m); err != nil {
 		return err
 	}
-	ns := a.nsPath(p.Name)
-	if err := linux.NewNetNS(ns); err != nil {
-		return err
-	}
-	ep := netplane.Endpoint{Container: p.Name, NetNSPath: ns, Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
-	if err := a.plane.Attach(ep, false); err != nil {
-		return err
-	}
-	if in.holder, err = netplane.Hold(ns); err != nil {
-		return err
+	if !joined {
+		// (A pod's later members are restored into its first member's
+		// namespace, made here by that member's migration, which holds
+		// the pod's packets.)
+		ns := a.nsPath(p.Name)
+		if err := linux.NewNetNS(ns); err != nil {
+			return err
+		}
+		ep := netplane.Endpoint{Container: p.Name, NetNSPath: ns, Addr: netip.PrefixFrom(ip, a.cfg.Overlay.Bits()), Gateway: a.cfg.Gateway}
+		if err := a.plane.Attach(ep, false); err != nil {
+			return err
+		}
+		hold := netplane.Hold
+		if p.PodNet != "" {
+			hold = netplane.HoldPod
+		}
+		if in.holder, err = hold(ns); err != nil {
+			return err
+		}
 	}
 	spec, err := a.runcSpec(m)
 	if err != nil {
@@ -338,6 +350,9 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 // takeTraffic points the overlay here; the packets are held.
 func (in *incoming) takeTraffic(ctx context.Context) {
 	_, _ = in.warm.Release(in.p.MemoryBytes)
+	if in.c.meta.joined() {
+		return // the pod's first member takes the pod's
+	}
 	in.sw = in.a.takeTraffic(ctx, in.c, in.p.From, in.frozen.Accepting)
 }
 
@@ -496,8 +511,23 @@ func (in *incoming) restore(ctx context.Context) error {
 	if p.Unit != "" {
 		a.restored.mark(p.Unit, p.Name)
 	}
+	if p.PodNet != "" {
+		// A pod is restored whole here or not at all: its members share
+		// one namespace, which cannot be in two places.
+		t := time.Now()
+		if err := a.restored.awaitAll(ctx, p.Unit, p.Members, podRestoreWait); err != nil {
+			in.c.log = nil
+			lf.Close()
+			return fmt.Errorf("pod %s: %w", p.Group, err)
+		}
+		a.log.Info("pod restored whole", "container", p.Name, "pod", p.Group, "waited", time.Since(t))
+	}
 	return nil
 }
+
+// podRestoreWait bounds how long a restored pod member waits for the
+// others (whose state may still be arriving) before it gives up.
+const podRestoreWait = 10 * time.Minute
 
 // watchSource reads the source's next message while the restore runs: a
 // source that rolls back meanwhile (a group's other member failed) says
@@ -566,7 +596,7 @@ func (in *incoming) releaseHeld(ctx context.Context) {
 				a.log.Warn("stop holding", "container", in.c.meta.Name, "err", err)
 			}
 		})
-	} else {
+	} else if !in.c.meta.joined() {
 		// Settled after a restart: the holder died with the agent and
 		// left its rules, which drop the service's packets until removed.
 		if err := netplane.Unhold(a.nsPath(in.c.meta.Name)); err != nil {
@@ -654,6 +684,9 @@ func (in *incoming) destroy(ctx context.Context) error {
 		// Refused before anything was set up here: nothing to remove,
 		// and another container may own the name.
 		return nil
+	}
+	if in.p.Unit != "" {
+		a.restored.markFailed(in.p.Unit, name)
 	}
 	a.killRuncFor(name)
 	err := a.destroy(context.WithoutCancel(ctx), name)

@@ -181,6 +181,15 @@ func TestValidatePrepare(t *testing.T) {
 		"bad port":        func(m *migration.Prepare) { m.Ports = []string{"80/tcp; rm -rf /"} },
 		"too many groups": func(m *migration.Prepare) { m.Groups = make([]uint32, 65) },
 		"overlong user":   func(m *migration.Prepare) { m.User = strings.Repeat("u", 300) },
+		"pod outside a group": func(m *migration.Prepare) {
+			m.PodNet = "redis"
+		},
+		"pod network left behind": func(m *migration.Prepare) {
+			m.Group, m.PodNet, m.Unit, m.Members = "app", "db", journal.NewID(), []string{"redis"}
+		},
+		"pod network a path": func(m *migration.Prepare) {
+			m.Group, m.PodNet, m.Unit, m.Members = "app", "../db", journal.NewID(), []string{"redis", "../db"}
+		},
 	} {
 		m := ok
 		m.Args = append([]string{}, ok.Args...)
@@ -191,6 +200,11 @@ func TestValidatePrepare(t *testing.T) {
 	}
 	if err := p.a.validatePrepare(ok, "core"); err == nil {
 		t.Error("a prepare from the gateway accepted")
+	}
+	pod := ok
+	pod.Group, pod.PodNet, pod.Unit, pod.Members = "app", "db", journal.NewID(), []string{"db", "redis"}
+	if err := p.a.validatePrepare(pod, "node1"); err != nil {
+		t.Errorf("a pod member moving with its pod's first refused: %v", err)
 	}
 }
 

@@ -92,7 +92,7 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 	// The dead agent may have left its hold of new connections in the
 	// service's namespace: without its queue, the kernel would drop
 	// every connection request.
-	if err := netplane.Unhold(a.nsPath(rec.Container)); err != nil {
+	if err := netplane.Unhold(a.nsPath(c.meta.netOwner())); err != nil {
 		a.log.Warn("remove hold rules", "container", rec.Container, "err", err)
 	}
 	frozen := rec.Phase == migration.Frozen || rec.Phase == migration.Transferred

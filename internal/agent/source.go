@@ -45,6 +45,15 @@ func (a *Agent) StartMigration(name string, req migration.Request) (*job, error)
 	if err := checkRequest(a.cfg.Node, req); err != nil {
 		return nil, err
 	}
+	a.mu.Lock()
+	var pod string
+	if c := a.containers[name]; c != nil && c.meta.PodNet != "" {
+		pod = c.meta.Group
+	}
+	a.mu.Unlock()
+	if pod != "" {
+		return nil, fmt.Errorf("%w: %s is a member of pod %s, whose members share one network and move together: migrate the pod ('edgehop migrate %s --to %s')", ErrInvalid, name, pod, pod, req.To)
+	}
 	o, err := a.newOutgoing(name, req)
 	if err != nil {
 		return nil, err
@@ -464,7 +473,11 @@ func (o *outgoing) rounds(ctx context.Context) error {
 // budget.
 func (o *outgoing) freeze() error {
 	a, name := o.a, o.rec.Container
-	o.holdNewConnections()
+	joined := o.c.meta.joined()
+	if !joined {
+		// A pod's members share the namespace: its first holds for all.
+		o.holdNewConnections()
+	}
 	o.budget = time.Duration(o.req.MaxFrozenMs) * time.Millisecond
 	switch {
 	case o.budget > 0:
@@ -510,6 +523,9 @@ func (o *outgoing) freeze() error {
 	// `runc pause` would start a process inside the frozen window). CRIU
 	// dumps a frozen cgroup as it is, and leaves it frozen if the dump
 	// fails (thawed by resume).
+	if o.c.meta.PodNet != "" && !joined {
+		o.holdLoopback()
+	}
 	o.paused = true
 	if tries, err := linux.FreezeCgroupSeizable(fctx, a.cgroupsPath(name), 20); err != nil {
 		o.paused = false
@@ -529,10 +545,13 @@ func (o *outgoing) freeze() error {
 	// them waits for its retransmission (1 s); an established
 	// connection's sender retransmits sooner, so a service that accepts
 	// none does not wait (its frozen window would be a few ms longer).
-	if mac, err := net.ParseMAC(o.c.meta.MAC); err == nil && accepting && !a.fdb.awaitSince(fctx, mac.String(), handover, switchWait) {
+	if joined {
+		// The pod's link is its first member's, taken down at its freeze.
+	} else if mac, err := net.ParseMAC(o.c.meta.MAC); err == nil && accepting && !a.fdb.awaitSince(fctx, mac.String(), handover, switchWait) {
 		a.log.Warn("no word of the network switch from the destination; taking the link down", "container", name, "waited", switchWait)
 	}
-	if err := a.plane.SetHostLink(name, false); err != nil {
+	if joined {
+	} else if err := a.plane.SetHostLink(name, false); err != nil {
 		a.log.Warn("network lock before dump", "container", name, "err", err)
 	}
 	o.acceptQueued(fctx)
@@ -561,7 +580,7 @@ func (o *outgoing) holdNewConnections() {
 	if o.unit != nil {
 		a.mu.Lock()
 		for _, m := range o.unit.members {
-			if c := a.containers[m]; c != nil && m != name {
+			if c := a.containers[m]; c != nil && m != name && c.meta.IP != o.c.meta.IP {
 				if ip, err := netip.ParseAddr(c.meta.IP); err == nil {
 					members = append(members, ip)
 				}
@@ -575,20 +594,39 @@ func (o *outgoing) holdNewConnections() {
 		return
 	}
 	o.synHold = h
-	o.cleanup = append(o.cleanup, func() {
-		var err error
-		if o.res.OK {
-			err = h.Drop()
-		} else {
-			err = h.Close()
-		}
-		if err != nil && !o.res.OK {
-			a.log.Warn("let held connection requests in", "container", name, "err", err)
-		}
-	})
+	o.endHold(h, "let held connection requests in")
 	if hs, q, err := netplane.WaitSettled(ns, pendingStall, pendingWait, true); err == nil && hs+q > 0 {
 		a.log.Info("connections still pending at the freeze", "container", name, "handshaking", hs, "queued", q)
 	}
+}
+
+// holdLoopback holds, from the freeze of a pod's first member on, what
+// the pod's members send each other (netplane.HoldLoopback): a member
+// still running until its own freeze sends to one frozen or already
+// dumped, whose gone sockets would answer with a reset. The packets stay
+// in their senders' queues, which the dumps take: once the pod lives
+// elsewhere they are dropped here; if it stays they are let through.
+func (o *outgoing) holdLoopback() {
+	a, name := o.a, o.rec.Container
+	h, err := netplane.HoldLoopback(a.nsPath(name))
+	if err != nil {
+		a.log.Warn("hold the pod's loopback: a connection between its members may be reset", "container", name, "err", err)
+		return
+	}
+	o.endHold(h, "let the pod's held loopback packets through")
+}
+
+// endHold ends a hold of the source's with the migration: its packets
+// are dropped once the service lives elsewhere (they are retransmitted
+// or forwarded there), let through if it stays here.
+func (o *outgoing) endHold(h *netplane.Holder, what string) {
+	o.cleanup = append(o.cleanup, func() {
+		if o.res.OK {
+			_ = h.Drop()
+		} else if err := h.Close(); err != nil {
+			o.a.log.Warn(what, "container", o.rec.Container, "err", err)
+		}
+	})
 }
 
 // switchWait bounds the wait for the destination's network switch before
@@ -612,7 +650,7 @@ const (
 // frozen again. Its network is down meanwhile, so nothing new arrives.
 func (o *outgoing) acceptQueued(ctx context.Context) {
 	a, name := o.a, o.rec.Container
-	ns := a.nsPath(name)
+	ns := a.nsPath(o.c.meta.netOwner())
 	for try := 0; try < 3 && o.paused; try++ {
 		_, q, err := netplane.Pending(ns)
 		if err != nil || q == 0 {
@@ -1033,9 +1071,10 @@ func (a *Agent) endTCPRepair(name string) {
 func (o *outgoing) resume() error {
 	a, name, ctx := o.a, o.rec.Container, context.WithoutCancel(o.a.runCtx)
 	o.abortDump()
-	uerr := netplane.Unlock(a.nsPath(name)) // a CRIU configured to lock
+	netOwner := o.c.meta.netOwner()
+	uerr := netplane.Unlock(a.nsPath(netOwner)) // a CRIU configured to lock
 	uerr = errors.Join(uerr, linux.ThawCgroup(ctx, a.cgroupsPath(name)))
-	uerr = errors.Join(uerr, a.plane.SetHostLink(name, true))
+	uerr = errors.Join(uerr, a.plane.SetHostLink(netOwner, true))
 	rerr := a.ensureRunning(ctx, name)
 	a.reclaimTraffic(ctx, o.c)
 	o.res.DowntimeMs = migration.Ms(o.tm.Downtime())
@@ -1217,10 +1256,11 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 		a.mu.Unlock()
 	}
 	// The sockets are back: lift the dump's network lock.
-	if err := netplane.Unlock(a.nsPath(name)); err != nil {
+	netOwner := c.meta.netOwner()
+	if err := netplane.Unlock(a.nsPath(netOwner)); err != nil {
 		a.log.Warn("remove CRIU lock chain", "container", name, "err", err)
 	}
-	if err := a.plane.SetHostLink(name, true); err != nil {
+	if err := a.plane.SetHostLink(netOwner, true); err != nil {
 		return err
 	}
 	a.mu.Lock()
@@ -1237,6 +1277,9 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 // not a failure.
 func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
 	a.setHandedOver(c, false)
+	if c.meta.joined() {
+		return // the pod's first member's
+	}
 	mac, _ := net.ParseMAC(c.meta.MAC)
 	a.fdb.stamp(mac.String(), time.Now())
 	if err := a.plane.DelRemote(mac); err != nil {
@@ -1267,11 +1310,13 @@ func (a *Agent) releaseSource(ctx context.Context, name string) error {
 	if _, err := a.rt.State(ctx, name); err == nil {
 		errs = append(errs, a.rt.Delete(ctx, name, true))
 	}
-	errs = append(errs, a.plane.Detach(name), linux.Unmount(a.rootfs(name)), linux.DeleteNetNS(a.nsPath(name)))
+	m := a.readMeta(name)
+	errs = append(errs, linux.Unmount(a.rootfs(name)))
 	errs = append(errs, os.RemoveAll(a.dir(name)))
 	a.mu.Lock()
 	delete(a.containers, name)
 	a.mu.Unlock()
+	errs = append(errs, a.releaseNet(m))
 	return errors.Join(errs...)
 }
 

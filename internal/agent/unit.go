@@ -199,6 +199,7 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 			after[n] = c.meta.After
 		}
 	}
+	podFreezeOrder(a.containers, after)
 	a.mu.Unlock()
 	u.orderFreeze(after)
 	u.commit = func() error {
@@ -226,11 +227,33 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 	return jobs, nil
 }
 
+// podFreezeOrder makes a pod's first member, which holds its network,
+// freeze before the others (as though it depended on them): its freeze
+// hands the pod's traffic to the destination and holds what the members
+// send each other, before any member's dump can end a connection between
+// them. The others' own order among themselves stays.
+func podFreezeOrder(containers map[string]*container, after map[string][]string) {
+	for n := range after {
+		c := containers[n]
+		if c == nil || c.meta.PodNet == "" {
+			continue
+		}
+		owner := c.meta.PodNet
+		if n != owner {
+			after[n] = slices.DeleteFunc(slices.Clone(after[n]), func(d string) bool { return d == owner })
+			if _, ok := after[owner]; ok {
+				after[owner] = append(slices.Clone(after[owner]), n)
+			}
+		}
+	}
+}
+
 // dependencies of the members being restored here, by unit: a member is
 // released only once the members it depends on are restored.
 type restoredSet struct {
 	mu      sync.Mutex
 	units   map[string]map[string]time.Time // unit -> member -> when restored
+	failed  map[string]map[string]bool      // unit -> member whose copy here was given up
 	changed notifier
 }
 
@@ -253,6 +276,60 @@ func (r *restoredSet) mark(unitID, member string) {
 	}
 	r.units[unitID][member] = time.Now()
 	r.changed.notify()
+}
+
+// markFailed records that member's copy here was given up (and forgets
+// it was restored).
+func (r *restoredSet) markFailed(unitID, member string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failed == nil {
+		r.failed = map[string]map[string]bool{}
+	}
+	for id := range r.failed { // forget units no member was restored of lately
+		if _, ok := r.units[id]; !ok && id != unitID {
+			delete(r.failed, id)
+		}
+	}
+	if r.failed[unitID] == nil {
+		r.failed[unitID] = map[string]bool{}
+	}
+	r.failed[unitID][member] = true
+	delete(r.units[unitID], member)
+	r.changed.notify()
+}
+
+// awaitAll waits until every member of the unit is restored here; it
+// fails as soon as one's copy is given up, or after max, or with ctx.
+func (r *restoredSet) awaitAll(ctx context.Context, unitID string, members []string, max time.Duration) error {
+	deadline := time.NewTimer(max)
+	defer deadline.Stop()
+	for {
+		r.mu.Lock()
+		var missing, failed []string
+		for _, m := range members {
+			if r.failed[unitID][m] {
+				failed = append(failed, m)
+			} else if _, ok := r.units[unitID][m]; !ok {
+				missing = append(missing, m)
+			}
+		}
+		ch := r.changed.wait()
+		r.mu.Unlock()
+		switch {
+		case len(failed) > 0:
+			return fmt.Errorf("%v could not be restored here", failed)
+		case len(missing) == 0:
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %v: %w", missing, context.Cause(ctx))
+		case <-deadline.C:
+			return fmt.Errorf("%v not restored here within %s", missing, max)
+		}
+	}
 }
 
 // await waits until every dependency of a member that is part of the

@@ -3,9 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/migration"
 )
 
 // The members of a unit pass a barrier together; one failing makes the
@@ -169,5 +173,108 @@ func TestUnitFreezeOrder(t *testing.T) {
 	f.fail("web", errors.New("freeze failed"))
 	if err := <-done; err == nil || !strings.Contains(err.Error(), "freeze failed") {
 		t.Fatalf("after web failed: %v", err)
+	}
+}
+
+// A pod's first member freezes before the others, whatever they declared
+// (a member depending on it would otherwise freeze first); the members'
+// own records are not changed.
+func TestPodFreezeOrder(t *testing.T) {
+	cs := map[string]*container{
+		"db":    {meta: meta{Name: "db", Process: migration.Process{Group: "app", PodNet: "db"}}},
+		"web":   {meta: meta{Name: "web", Process: migration.Process{Group: "app", PodNet: "db", After: []string{"db", "cache"}}}},
+		"cache": {meta: meta{Name: "cache", Process: migration.Process{Group: "app", PodNet: "db"}}},
+	}
+	after := map[string][]string{}
+	for n, c := range cs {
+		after[n] = c.meta.After
+	}
+	podFreezeOrder(cs, after)
+	u := newUnit("app", []string{"cache", "db", "web"})
+	u.orderFreeze(after)
+	for _, m := range []string{"web", "cache"} {
+		if !slices.Contains(u.dependents[m], "db") {
+			t.Errorf("%s freezes before db: dependents %v", m, u.dependents)
+		}
+	}
+	if len(u.dependents["db"]) != 0 {
+		t.Errorf("db waits for %v to freeze first", u.dependents["db"])
+	}
+	if !slices.Contains(u.dependents["cache"], "web") {
+		t.Errorf("web's own dependency on cache lost: %v", u.dependents)
+	}
+	if got := cs["web"].meta.After; !slices.Equal(got, []string{"db", "cache"}) {
+		t.Errorf("web's record changed: after %v", got)
+	}
+}
+
+// A pod is restored whole or not at all: a member waits for the others
+// and gives up as soon as one's copy is given up, or at its deadline.
+func TestRestoredAwaitAll(t *testing.T) {
+	var r restoredSet
+	ctx := context.Background()
+	r.mark("u1", "db")
+	done := make(chan error, 1)
+	go func() { done <- r.awaitAll(ctx, "u1", []string{"db", "web"}, time.Minute) }()
+	select {
+	case err := <-done:
+		t.Fatalf("returned before web was restored: %v", err)
+	case <-time.After(30 * time.Millisecond):
+	}
+	r.mark("u1", "web")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	r.mark("u2", "db")
+	go func() { done <- r.awaitAll(ctx, "u2", []string{"db", "web"}, time.Minute) }()
+	time.Sleep(10 * time.Millisecond)
+	r.markFailed("u2", "web")
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "[web] could not be restored") {
+			t.Fatalf("got %v", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("a given-up member left the other waiting")
+	}
+	// A member given up after it was restored counts as given up.
+	r.markFailed("u1", "db")
+	if err := r.awaitAll(ctx, "u1", []string{"db", "web"}, time.Second); err == nil {
+		t.Fatal("db given up, yet the pod counts as restored")
+	}
+	if err := r.awaitAll(ctx, "u3", []string{"a"}, 20*time.Millisecond); err == nil || !strings.Contains(err.Error(), "not restored here within") {
+		t.Fatalf("deadline: %v", err)
+	}
+}
+
+// podNet places a new container: a pod's first member holds the pod's
+// network, later ones share it; pods and groups do not mix.
+func TestPodNet(t *testing.T) {
+	a := &Agent{containers: map[string]*container{
+		"db":  {meta: meta{Name: "db", IP: "10.200.1.5", Process: migration.Process{Group: "app", PodNet: "db"}}},
+		"api": {meta: meta{Name: "api", IP: "10.200.1.6", Process: migration.Process{Group: "shop"}}},
+	}}
+	if net, owner, err := a.podNet(api.RunRequest{Name: "web", Pod: "app"}); err != nil || net != "db" || owner == nil || owner.IP != "10.200.1.5" {
+		t.Errorf("joining app: %q %+v %v", net, owner, err)
+	}
+	if net, owner, err := a.podNet(api.RunRequest{Name: "x", Pod: "fresh"}); err != nil || net != "x" || owner != nil {
+		t.Errorf("a new pod's first member: %q %+v %v", net, owner, err)
+	}
+	if net, _, err := a.podNet(api.RunRequest{Name: "y", Group: "shop"}); err != nil || net != "" {
+		t.Errorf("joining a group: %q %v", net, err)
+	}
+	for name, r := range map[string]api.RunRequest{
+		"a group into a pod":     {Name: "w", Group: "app"},
+		"a pod into a group":     {Name: "w", Pod: "shop"},
+		"a pod in another group": {Name: "w", Pod: "app", Group: "shop"},
+	} {
+		if _, _, err := a.podNet(r); !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: %v", name, err)
+		}
+	}
+	delete(a.containers, "db")
+	a.containers["web"] = &container{meta: meta{Name: "web", Process: migration.Process{Group: "app", PodNet: "db"}}}
+	if _, _, err := a.podNet(api.RunRequest{Name: "z", Pod: "app"}); !errors.Is(err, ErrConflict) {
+		t.Errorf("joining a pod whose first member is gone: %v", err)
 	}
 }

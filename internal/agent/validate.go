@@ -108,6 +108,9 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 			}
 		}
 	}
+	if p.PodNet != "" && !slices.Contains(p.Members, p.PodNet) {
+		return bad("a pod member whose network (%s's) does not move with it (unit %v)", p.PodNet, p.Members)
+	}
 	for i, s := range p.Ports {
 		if !portRE.MatchString(s) {
 			return bad("port %d %q: want PORT/tcp, PORT/udp or PORT", i, s)
@@ -136,6 +139,9 @@ func (a *Agent) validatePrepare(p migration.Prepare, sender string) error {
 func checkProcess(name string, p migration.Process) error {
 	if err := checkGroup(name, p.Group, p.After); err != nil {
 		return err
+	}
+	if p.PodNet != "" && (p.Group == "" || !containerNameRE.MatchString(p.PodNet)) {
+		return fmt.Errorf("pod network of %q in group %q: want a member's name in a group", p.PodNet, p.Group)
 	}
 	if len(p.Volumes) > migration.MaxVolumes {
 		return fmt.Errorf("%d volumes (at most %d)", len(p.Volumes), migration.MaxVolumes)

@@ -27,6 +27,10 @@ type RunRequest struct {
 	// are restored before it serves).
 	Group string   `json:"group,omitempty"`
 	After []string `json:"after,omitempty"`
+	// Pod makes the container a member of pod Pod: a group whose members
+	// share one network namespace and address (the first member's), as
+	// in Kubernetes. Group, if given, must be the same name.
+	Pod string `json:"pod,omitempty"`
 }
 
 // Container describes a container on a node.
@@ -49,6 +53,11 @@ type Container struct {
 	Ports []string `json:"ports,omitempty"`
 	Group string   `json:"group,omitempty"`
 	After []string `json:"after,omitempty"`
+	// Pod is the pod the container belongs to (its group, whose members
+	// share a network namespace); NetOf names the member whose namespace
+	// and address it shares, empty for the pod's first, which holds them.
+	Pod   string `json:"pod,omitempty"`
+	NetOf string `json:"net_of,omitempty"`
 }
 
 // Endpoint is where an overlay MAC lives; agents announce them to peers.

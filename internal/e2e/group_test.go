@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,14 +35,33 @@ type groupResult struct {
 // replication connection to db is the connection between the members. It
 // returns a client connection to each, opened from client0.
 func (e *env) redisGroup(st *testbed.State, n, size int) (db, web *redisConn) {
+	return e.redisPair(st, n, size, false)
+}
+
+// redisPair runs redisGroup's members, or with pod those of pod "app":
+// db first (the pod's namespace and address are made for it), then web
+// in its namespace, on port 6380, replicating through loopback
+// (127.0.0.1:6379).
+func (e *env) redisPair(st *testbed.State, n, size int, pod bool) (db, web *redisConn) {
 	e.t.Helper()
 	base := []string{"redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"}
+	kind, webOpts, port := "--group", []string{"--after", "db"}, "6379"
+	if pod {
+		kind, webOpts, port = "--pod", nil, "6380"
+	}
 	var dbc, webc ctr
-	e.mustJSON(&dbc, append([]string{"run", "--node", "node0", "--name", "db", "--group", "app", "--image", "services", "--json", "--"}, base...)...)
-	e.mustJSON(&webc, append([]string{"run", "--node", "node0", "--name", "web", "--group", "app", "--after", "db", "--image", "services", "--json", "--"},
-		append(base, "--replicaof", dbc.IP, "6379")...)...)
+	e.mustJSON(&dbc, append([]string{"run", "--node", "node0", "--name", "db", kind, "app", "--image", "services", "--json", "--"}, base...)...)
+	replicaOf := []string{"--replicaof", dbc.IP, "6379"}
+	if pod {
+		replicaOf = []string{"--port", port, "--replicaof", "127.0.0.1", "6379"}
+	}
+	e.mustJSON(&webc, slices.Concat([]string{"run", "--node", "node0", "--name", "web", kind, "app"}, webOpts,
+		[]string{"--image", "services", "--json", "--"}, base, replicaOf)...)
+	if pod && webc.IP != dbc.IP {
+		e.t.Fatalf("pod members have addresses %s and %s, want one", dbc.IP, webc.IP)
+	}
 	ns := st.Clients[0].NetNSPath
-	db, web = redisReady(e.t, ns, dbc.IP+":6379"), redisReady(e.t, ns, webc.IP+":6379")
+	db, web = redisReady(e.t, ns, dbc.IP+":6379"), redisReady(e.t, ns, webc.IP+":"+port)
 	if err := db.fill(n, size); err != nil {
 		e.t.Fatalf("fill db: %v", err)
 	}
@@ -171,17 +191,7 @@ func TestGroupMigrates(t *testing.T) {
 	link := replicaLinkID(t, db)
 	for i, strategy := range strategies {
 		to := st.Nodes[(i+1)%3].Name
-		var res groupResult
-		e.mustJSON(&res, "migrate", "app", "--to", to, "--strategy", strategy, "--json")
-		if !res.OK || len(res.Members) != 2 || len(res.Back) != 0 {
-			t.Fatalf("%s: %+v", strategy, res)
-		}
-		for _, m := range res.Members {
-			if !m.OK || m.To != to {
-				t.Fatalf("%s: member %+v", strategy, m)
-			}
-		}
-		t.Logf("%s -> %s: group downtime %.1f ms (members %.1f, %.1f)", strategy, to, res.DowntimeMs, res.Members[0].DowntimeMs, res.Members[1].DowntimeMs)
+		e.migrateWhole("app", to, strategy, 2)
 		e.checkGroupIntact("after "+strategy, db, web, to, link, n, size, i+1)
 	}
 }
@@ -197,25 +207,50 @@ func TestGroupRollsBackAsOne(t *testing.T) {
 	const n, size = 5_000, 1000
 	db, web := e.redisGroup(st, n, size)
 	link := replicaLinkID(t, db)
-	out, errs, err := e.run("migrate", "app", "--to", "node1", "--json")
-	if err == nil {
-		t.Fatal("the group migrated although web's restore was made to fail")
-	}
-	var res groupResult
-	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil {
-		t.Fatalf("result: %v\n%s\n%s", jerr, out, errs)
-	}
-	t.Logf("result: ok=%v error=%q", res.OK, res.Error)
-	for _, m := range res.Members {
-		t.Logf("  -> %s: ok=%v %s", m.To, m.OK, m.Error)
-	}
-	for _, m := range res.Back {
-		t.Logf("  moved back: %+v", m)
-	}
+	res := e.migrateFails("app", "node1", "web's restore was made to fail")
 	if res.OK || !strings.Contains(res.Error, "web") {
 		t.Errorf("result does not name web's failure: %+v", res)
 	}
 	e.checkGroupIntact("after the failed group migration", db, web, "node0", link, n, size, 1)
+}
+
+// migrateWhole migrates group to node to with strategy, which must move
+// all its members there.
+func (e *env) migrateWhole(group, to, strategy string, members int) {
+	e.t.Helper()
+	var res groupResult
+	e.mustJSON(&res, "migrate", group, "--to", to, "--strategy", strategy, "--json")
+	if !res.OK || len(res.Members) != members || len(res.Back) != 0 {
+		e.t.Fatalf("%s: %+v", strategy, res)
+	}
+	for _, m := range res.Members {
+		if !m.OK || m.To != to {
+			e.t.Fatalf("%s: member %+v", strategy, m)
+		}
+	}
+	e.t.Logf("%s -> %s: %s downtime %.1f ms (longest member)", strategy, to, group, res.DowntimeMs)
+}
+
+// migrateFails runs `edgehop migrate group --to to --json`, which must
+// fail (why), and returns and logs its result.
+func (e *env) migrateFails(group, to, why string) groupResult {
+	e.t.Helper()
+	out, errs, err := e.run("migrate", group, "--to", to, "--json")
+	if err == nil {
+		e.t.Fatalf("%s migrated although %s", group, why)
+	}
+	var res groupResult
+	if jerr := json.Unmarshal([]byte(out), &res); jerr != nil {
+		e.t.Fatalf("result: %v\n%s\n%s", jerr, out, errs)
+	}
+	e.t.Logf("result: ok=%v error=%q", res.OK, res.Error)
+	for _, m := range res.Members {
+		e.t.Logf("  -> %s: ok=%v %s", m.To, m.OK, m.Error)
+	}
+	for _, m := range res.Back {
+		e.t.Logf("  moved back: %+v", m)
+	}
+	return res
 }
 
 // TestGroupRestoreStoppedWhenSourceRollsBack: in a post-copy group

@@ -308,6 +308,10 @@ type Process struct {
 	// depends on.
 	Group string   `json:"group,omitempty"`
 	After []string `json:"after,omitempty"`
+	// PodNet makes the service a member of the pod Group: the members
+	// share one network namespace, address and link, those of the member
+	// PodNet names (the pod's first, which names itself).
+	PodNet string `json:"pod_net,omitempty"`
 }
 
 // VolumesDir is the directory of a writable layer that holds a

@@ -24,6 +24,7 @@ import (
 const (
 	holdQueue = 0
 	synQueue  = 1
+	loopQueue = 2
 )
 
 // Holder keeps every packet that arrives for a migrating service in the
@@ -59,6 +60,21 @@ type Packet struct {
 // packets meet the chain only if released while it is still there.
 func Hold(nsPath string) (*Holder, error) {
 	return hold(nsPath, holdQueue, holdRules, false, nil)
+}
+
+// HoldPod is Hold for a pod's namespace, which holds what its members
+// send each other on loopback too: a member restored before another must
+// not reach the other's sockets before they exist (a reset), nor be
+// answered by a member whose own connections are still held.
+func HoldPod(nsPath string) (*Holder, error) {
+	return hold(nsPath, holdQueue, append(slices.Clone(holdRules), podRule), false, nil)
+}
+
+// HoldLoopback holds what a pod's members send each other on loopback,
+// and only that: the source of a migrating pod, from the freeze of its
+// first member on, while the others still run or are being dumped.
+func HoldLoopback(nsPath string) (*Holder, error) {
+	return hold(nsPath, loopQueue, loopRules, false, nil)
 }
 
 // HoldNew starts holding the connection requests (TCP SYNs) that enter
@@ -150,6 +166,14 @@ var holdRules = []string{
 	"OUTPUT -o eth0 -j NFQUEUE --queue-num " + fmt.Sprint(holdQueue),
 }
 
+// podRule is HoldPod's rule beyond Hold's: every packet a pod's member
+// sends another (loopback packets leave through OUTPUT, where they are
+// held, then enter through PREROUTING, where no rule holds them again).
+var podRule = "OUTPUT -o lo -j NFQUEUE --queue-num " + fmt.Sprint(holdQueue)
+
+// loopRules are HoldLoopback's.
+var loopRules = []string{"OUTPUT -o lo -j NFQUEUE --queue-num " + fmt.Sprint(loopQueue)}
+
 // synRules are HoldNew's: connection requests entering on eth0.
 var synRules = []string{
 	"PREROUTING -i eth0 -p tcp --syn -j NFQUEUE --queue-num " + fmt.Sprint(synQueue),
@@ -192,12 +216,12 @@ func iptablesRestore(nsPath, table string, lines []string) error {
 	return nil
 }
 
-// Unhold removes the hold rules a Holder (Hold's or HoldNew's) left in
+// Unhold removes the hold rules a Holder (any of them) left in
 // the namespace at nsPath when its agent died; rules that are not there
 // are not an error.
 func Unhold(nsPath string) error {
 	var errs []error
-	for _, r := range append(append([]string(nil), holdRules...), synRules...) {
+	for _, r := range slices.Concat(holdRules, []string{podRule}, synRules, loopRules) {
 		chain, spec, _ := strings.Cut(r, " ")
 		rule := func(op string) []string {
 			return append([]string{"-w", "-t", "mangle", op, chain}, strings.Fields(spec)...)
