@@ -24,6 +24,7 @@ func benchCloudhopper(ctx context.Context, args []string) error {
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	clients := fs.String("clients", joinInts(def.Clients), "concurrency levels, comma-separated (0: idle)")
 	strategy := fs.String("strategy", def.Strategy, "migration strategy")
+	pod := fs.Bool("pod", false, "run the application as a pod (one namespace and address; WordPress reaches MariaDB at 127.0.0.1) rather than a group of two addresses")
 	rate := fs.String("rate", "100mbit", "node-to-node link rate")
 	rtt := fs.Duration("rtt", 30*time.Millisecond, "node-to-node round-trip time")
 	warmup := fs.Duration("warmup", def.Warmup, "load before each migration")
@@ -36,7 +37,7 @@ func benchCloudhopper(ctx context.Context, args []string) error {
 	}
 	cfg := def
 	cfg.Quick, cfg.Root, cfg.ImageRoot, cfg.Log, cfg.Strategy = *quick, *root, *images, logger(*verbose), *strategy
-	cfg.Warmup, cfg.Tail = *warmup, *tailD
+	cfg.Warmup, cfg.Tail, cfg.Pod = *warmup, *tailD, *pod
 	if *quick {
 		cfg.Warmup, cfg.Tail = min(cfg.Warmup, 5*time.Second), min(cfg.Tail, 3*time.Second)
 	}

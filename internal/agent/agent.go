@@ -426,7 +426,7 @@ func (a *Agent) tell(ctx context.Context, e api.Endpoint, gone bool, which func(
 }
 
 func (a *Agent) endpoint(c *container) api.Endpoint {
-	return api.Endpoint{Name: c.meta.Name, IP: c.meta.IP, MAC: c.meta.MAC, VTEP: a.cfg.VTEP.String(), Node: a.cfg.Node}
+	return api.Endpoint{Name: c.meta.netOwner(), IP: c.meta.IP, MAC: c.meta.MAC, VTEP: a.cfg.VTEP.String(), Node: a.cfg.Node}
 }
 
 func (a *Agent) info() api.Info {

@@ -350,8 +350,8 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 // takeTraffic points the overlay here; the packets are held.
 func (in *incoming) takeTraffic(ctx context.Context) {
 	_, _ = in.warm.Release(in.p.MemoryBytes)
-	if in.c.meta.joined() {
-		return // the pod's first member takes the pod's
+	if in.p.PodNet != "" && !in.frozen.PodNetwork {
+		return // another member of the pod took the pod's traffic
 	}
 	in.sw = in.a.takeTraffic(ctx, in.c, in.p.From, in.frozen.Accepting)
 }
@@ -756,7 +756,7 @@ func (a *Agent) takeTraffic(ctx context.Context, c *container, from string, gate
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "err", err)
 	}
-	if err := a.plane.PinLocal(mac, c.meta.Name); err != nil {
+	if err := a.plane.PinLocal(mac, c.meta.netOwner()); err != nil {
 		a.log.Warn("pin local fdb", "err", err)
 	}
 	// The gateways (where clients' traffic enters the overlay) and the

@@ -33,13 +33,13 @@
 //
 // A pod is a group whose members share one network namespace, address
 // and link: those of its first member (Process.PodNet names it; meta's
-// netOwner and joined). Only that member does the network's part of a
-// migration (hold of new connections, traffic handover, link down on the
-// source; namespace, link and Holder on the destination), and it freezes
-// first (podFreezeOrder). From its freeze the source holds the pod's
-// loopback (netplane.HoldLoopback), and the destination's Holder holds it
-// too (netplane.HoldPod), so no connection between members meets a
-// member that is not there yet or any more. A destination restores a pod
+// netOwner and joined), whose migration makes the namespace, link and
+// Holder on the destination. On the source the first member to freeze
+// (unit.takePodNetwork) does the network's part for all: hold of new
+// connections, traffic handover (FreezeNotice.PodNetwork), link down,
+// and from then on a hold of the pod's loopback (netplane.HoldLoopback);
+// the destination's Holder holds loopback too (netplane.HoldPod), so no
+// connection between members meets a member not there yet or any more. A destination restores a pod
 // whole or not at all (restoredSet.awaitAll). The namespace goes with
 // the last member that uses it (releaseNet).
 //

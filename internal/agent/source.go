@@ -470,12 +470,14 @@ func (o *outgoing) rounds(ctx context.Context) error {
 
 // freeze hands the traffic to the destination (which holds it), freezes
 // the service and takes its network away. It starts the frozen window's
-// budget.
+// budget. Of a pod's members, which share one network, the first to
+// freeze does the network's part for all (unit.takePodNetwork), and
+// holds what they send each other from then on.
 func (o *outgoing) freeze() error {
 	a, name := o.a, o.rec.Container
-	joined := o.c.meta.joined()
-	if !joined {
-		// A pod's members share the namespace: its first holds for all.
+	pod := o.c.meta.PodNet != ""
+	network := !pod || o.unit == nil || o.unit.takePodNetwork()
+	if network {
 		o.holdNewConnections()
 	}
 	o.budget = time.Duration(o.req.MaxFrozenMs) * time.Millisecond
@@ -515,7 +517,7 @@ func (o *outgoing) freeze() error {
 	// The destination takes the service's traffic now and holds it.
 	handover := time.Now()
 	a.setHandedOver(o.c, true)
-	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting}); err != nil {
+	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting, PodNetwork: pod && network}); err != nil {
 		return fmt.Errorf("notify %s: %w", o.req.To, err)
 	}
 	// Freeze here, polling the cgroup closely (CRIU's own freezer waits
@@ -523,7 +525,8 @@ func (o *outgoing) freeze() error {
 	// `runc pause` would start a process inside the frozen window). CRIU
 	// dumps a frozen cgroup as it is, and leaves it frozen if the dump
 	// fails (thawed by resume).
-	if o.c.meta.PodNet != "" && !joined {
+	if pod && network {
+		a.log.Info("first of its pod to freeze: takes the pod's network", "container", name, "pod", o.c.meta.Group)
 		o.holdLoopback()
 	}
 	o.paused = true
@@ -545,14 +548,13 @@ func (o *outgoing) freeze() error {
 	// them waits for its retransmission (1 s); an established
 	// connection's sender retransmits sooner, so a service that accepts
 	// none does not wait (its frozen window would be a few ms longer).
-	if joined {
-		// The pod's link is its first member's, taken down at its freeze.
-	} else if mac, err := net.ParseMAC(o.c.meta.MAC); err == nil && accepting && !a.fdb.awaitSince(fctx, mac.String(), handover, switchWait) {
-		a.log.Warn("no word of the network switch from the destination; taking the link down", "container", name, "waited", switchWait)
-	}
-	if joined {
-	} else if err := a.plane.SetHostLink(name, false); err != nil {
-		a.log.Warn("network lock before dump", "container", name, "err", err)
+	if network {
+		if mac, err := net.ParseMAC(o.c.meta.MAC); err == nil && accepting && !a.fdb.awaitSince(fctx, mac.String(), handover, switchWait) {
+			a.log.Warn("no word of the network switch from the destination; taking the link down", "container", name, "waited", switchWait)
+		}
+		if err := a.plane.SetHostLink(o.c.meta.netOwner(), false); err != nil {
+			a.log.Warn("network lock before dump", "container", name, "err", err)
+		}
 	}
 	o.acceptQueued(fctx)
 	return nil
@@ -575,7 +577,7 @@ func (o *outgoing) stateBytes() int64 {
 // service stays here they are let in.
 func (o *outgoing) holdNewConnections() {
 	a, name := o.a, o.rec.Container
-	ns := a.nsPath(name)
+	ns := a.nsPath(o.c.meta.netOwner())
 	var members []netip.Addr // the unit's other members connect at once
 	if o.unit != nil {
 		a.mu.Lock()
@@ -600,15 +602,15 @@ func (o *outgoing) holdNewConnections() {
 	}
 }
 
-// holdLoopback holds, from the freeze of a pod's first member on, what
-// the pod's members send each other (netplane.HoldLoopback): a member
-// still running until its own freeze sends to one frozen or already
-// dumped, whose gone sockets would answer with a reset. The packets stay
-// in their senders' queues, which the dumps take: once the pod lives
-// elsewhere they are dropped here; if it stays they are let through.
+// holdLoopback holds, from the first freeze of a pod's members on, what
+// they send each other (netplane.HoldLoopback): a member still running
+// until its own freeze sends to one frozen or already dumped, whose gone
+// sockets would answer with a reset. The packets stay in their senders'
+// queues, which the dumps take: once the pod lives elsewhere they are
+// dropped here; if it stays they are let through.
 func (o *outgoing) holdLoopback() {
 	a, name := o.a, o.rec.Container
-	h, err := netplane.HoldLoopback(a.nsPath(name))
+	h, err := netplane.HoldLoopback(a.nsPath(o.c.meta.netOwner()))
 	if err != nil {
 		a.log.Warn("hold the pod's loopback: a connection between its members may be reset", "container", name, "err", err)
 		return

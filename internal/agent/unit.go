@@ -33,6 +33,7 @@ type unit struct {
 	mu      sync.Mutex      // guards the fields below
 	arrived map[stage]int   // members that reached each stage
 	frozen  map[string]bool // members frozen (awaitDependentsFrozen)
+	podNet  bool            // a member took the pod's network (takePodNetwork)
 	bytes   int64           // the members' state, as each reported it at the freeze
 	failed  error
 	changed notifier
@@ -93,6 +94,19 @@ func (u *unit) awaitDependentsFrozen(ctx context.Context, member string) error {
 		}
 		return true
 	})
+}
+
+// takePodNetwork reports whether the caller, a pod's member about to
+// freeze, is the first: it then does the network's part of the pod's
+// migration (hold of new connections and of loopback, traffic handover,
+// link down). Whichever member freezes first, its dump is the first that
+// could end a connection, so the network must be held from its freeze.
+func (u *unit) takePodNetwork() bool {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	first := !u.podNet
+	u.podNet = true
+	return first
 }
 
 // markFrozen records that member is frozen.
@@ -199,7 +213,6 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 			after[n] = c.meta.After
 		}
 	}
-	podFreezeOrder(a.containers, after)
 	a.mu.Unlock()
 	u.orderFreeze(after)
 	u.commit = func() error {
@@ -225,27 +238,6 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 	}
 	a.log.Info("group migration", "group", group, "members", names, "to", req.To, "unit", u.id)
 	return jobs, nil
-}
-
-// podFreezeOrder makes a pod's first member, which holds its network,
-// freeze before the others (as though it depended on them): its freeze
-// hands the pod's traffic to the destination and holds what the members
-// send each other, before any member's dump can end a connection between
-// them. The others' own order among themselves stays.
-func podFreezeOrder(containers map[string]*container, after map[string][]string) {
-	for n := range after {
-		c := containers[n]
-		if c == nil || c.meta.PodNet == "" {
-			continue
-		}
-		owner := c.meta.PodNet
-		if n != owner {
-			after[n] = slices.DeleteFunc(slices.Clone(after[n]), func(d string) bool { return d == owner })
-			if _, ok := after[owner]; ok {
-				after[owner] = append(slices.Clone(after[owner]), n)
-			}
-		}
-	}
 }
 
 // dependencies of the members being restored here, by unit: a member is

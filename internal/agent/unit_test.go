@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -176,35 +175,22 @@ func TestUnitFreezeOrder(t *testing.T) {
 	}
 }
 
-// A pod's first member freezes before the others, whatever they declared
-// (a member depending on it would otherwise freeze first); the members'
-// own records are not changed.
-func TestPodFreezeOrder(t *testing.T) {
-	cs := map[string]*container{
-		"db":    {meta: meta{Name: "db", Process: migration.Process{Group: "app", PodNet: "db"}}},
-		"web":   {meta: meta{Name: "web", Process: migration.Process{Group: "app", PodNet: "db", After: []string{"db", "cache"}}}},
-		"cache": {meta: meta{Name: "cache", Process: migration.Process{Group: "app", PodNet: "db"}}},
+// Of a pod's members, exactly one, the first to freeze, does the pod's
+// network part, however many freeze at once.
+func TestTakePodNetwork(t *testing.T) {
+	u := newUnit("app", []string{"db", "web", "cache"})
+	got := make(chan bool, 3)
+	for range 3 {
+		go func() { got <- u.takePodNetwork() }()
 	}
-	after := map[string][]string{}
-	for n, c := range cs {
-		after[n] = c.meta.After
-	}
-	podFreezeOrder(cs, after)
-	u := newUnit("app", []string{"cache", "db", "web"})
-	u.orderFreeze(after)
-	for _, m := range []string{"web", "cache"} {
-		if !slices.Contains(u.dependents[m], "db") {
-			t.Errorf("%s freezes before db: dependents %v", m, u.dependents)
+	n := 0
+	for range 3 {
+		if <-got {
+			n++
 		}
 	}
-	if len(u.dependents["db"]) != 0 {
-		t.Errorf("db waits for %v to freeze first", u.dependents["db"])
-	}
-	if !slices.Contains(u.dependents["cache"], "web") {
-		t.Errorf("web's own dependency on cache lost: %v", u.dependents)
-	}
-	if got := cs["web"].meta.After; !slices.Equal(got, []string{"db", "cache"}) {
-		t.Errorf("web's record changed: after %v", got)
+	if n != 1 {
+		t.Fatalf("%d members took the pod's network, want 1", n)
 	}
 }
 

@@ -39,6 +39,10 @@ type CloudhopperConfig struct {
 	// idle run (only the availability probe).
 	Clients  []int
 	Strategy string
+	// Pod runs the application as a pod (one network namespace and
+	// address; WordPress reaches MariaDB at 127.0.0.1) instead of a group
+	// of two addresses.
+	Pod bool
 	// NodeLink is each node's link to the core: a node-to-node path
 	// crosses two, so its RTT is four times the delay.
 	NodeLink, ClientLink testbed.Link
@@ -172,6 +176,7 @@ type CloudhopperReport struct {
 	Testbed  TestbedInfo      `json:"testbed"`
 	NodeRTT  float64          `json:"node_rtt_ms"`
 	Quick    bool             `json:"quick"`
+	Pod      bool             `json:"pod,omitempty"`
 	Runs     []CloudhopperRun `json:"runs"`
 	Goals    []Goal           `json:"goals"`
 	Notes    []string         `json:"notes"`
@@ -221,8 +226,8 @@ func RunCloudhopper(ctx context.Context, cfg CloudhopperConfig) (rep *Cloudhoppe
 		return nil, err
 	}
 	defer func() { err = errors.Join(err, down()) }()
-	rep = &CloudhopperReport{Quick: cfg.Quick, NodeRTT: 4 * ms(cfg.NodeLink.Delay), Testbed: e.testbedInfo()}
-	app, err := e.deployWordPress(ctx)
+	rep = &CloudhopperReport{Quick: cfg.Quick, Pod: cfg.Pod, NodeRTT: 4 * ms(cfg.NodeLink.Delay), Testbed: e.testbedInfo()}
+	app, err := e.deployWordPress(ctx, cfg.Pod)
 	if err != nil {
 		return nil, err
 	}
@@ -264,18 +269,27 @@ type wpApp struct {
 }
 
 // deployWordPress runs the database and the web tier on node0 as group
-// chGroup and installs WordPress through its installer.
-func (e *env) deployWordPress(ctx context.Context) (*wpApp, error) {
+// chGroup (with pod: as pod chGroup, the database first) and installs
+// WordPress through its installer.
+func (e *env) deployWordPress(ctx context.Context, pod bool) (*wpApp, error) {
 	loc := e.node(nodeA).Name
-	db, err := e.agents[loc].Run(ctx, api.RunRequest{Name: chDB, Image: image.WordPress, Group: chGroup, Args: []string{"edgehop-mariadb"}})
+	dbReq := api.RunRequest{Name: chDB, Image: image.WordPress, Group: chGroup, Args: []string{"edgehop-mariadb"}}
+	if pod {
+		dbReq.Group, dbReq.Pod = "", chGroup
+	}
+	db, err := e.agents[loc].Run(ctx, dbReq)
 	if err != nil {
 		return nil, fmt.Errorf("run the database: %w", err)
 	}
 	if err := waitListening(ctx, e.client, net.JoinHostPort(db.IP, chDBPort), time.Minute); err != nil {
 		return nil, fmt.Errorf("the database: %w (its log: %s)", err, tail(e.logs(ctx, loc, chDB), 400))
 	}
-	web, err := e.agents[loc].Run(ctx, api.RunRequest{Name: chWeb, Image: image.WordPress, Group: chGroup, After: []string{chDB},
-		Env: []string{"WORDPRESS_DB_HOST=" + db.IP}, Args: []string{"edgehop-wordpress"}})
+	webReq := api.RunRequest{Name: chWeb, Image: image.WordPress, Group: chGroup, After: []string{chDB},
+		Env: []string{"WORDPRESS_DB_HOST=" + db.IP}, Args: []string{"edgehop-wordpress"}}
+	if pod {
+		webReq.Group, webReq.Pod, webReq.Env = "", chGroup, []string{"WORDPRESS_DB_HOST=127.0.0.1"}
+	}
+	web, err := e.agents[loc].Run(ctx, webReq)
 	if err != nil {
 		return nil, fmt.Errorf("run WordPress: %w", err)
 	}
@@ -694,8 +708,12 @@ func cloudhopperGoals(runs []CloudhopperRun) []Goal {
 // WriteText prints the report as a table.
 func (r *CloudhopperReport) WriteText(w io.Writer) error {
 	var b strings.Builder
-	fmt.Fprintf(&b, "CloudHopper (Table III) on %s: WordPress + MariaDB migrated as a group, %.0f Mbit/s, %.0f ms RTT\n",
-		r.Testbed.Name, float64(r.Testbed.NodeRateBps)/1e6, r.NodeRTT)
+	unit := "group"
+	if r.Pod {
+		unit = "pod"
+	}
+	fmt.Fprintf(&b, "CloudHopper (Table III) on %s: WordPress + MariaDB migrated as a %s, %.0f Mbit/s, %.0f ms RTT\n",
+		r.Testbed.Name, unit, float64(r.Testbed.NodeRateBps)/1e6, r.NodeRTT)
 	fmt.Fprintf(&b, "%7s %11s %9s %10s %9s %7s %7s %8s %9s %9s %11s %11s  %s\n", "clients", "downtime ms", "total ms", "on wire", "requests",
 		"failed", "non-2xx", "max ms", "wrk max", "writes", "paper down", "vs paper", "error")
 	for _, x := range r.Runs {

@@ -41,13 +41,14 @@ func (e *env) redisGroup(st *testbed.State, n, size int) (db, web *redisConn) {
 // redisPair runs redisGroup's members, or with pod those of pod "app":
 // db first (the pod's namespace and address are made for it), then web
 // in its namespace, on port 6380, replicating through loopback
-// (127.0.0.1:6379).
+// (127.0.0.1:6379). web depends on db either way, so it freezes first:
+// in the pod, a member other than the first does the pod's network part.
 func (e *env) redisPair(st *testbed.State, n, size int, pod bool) (db, web *redisConn) {
 	e.t.Helper()
 	base := []string{"redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"}
 	kind, webOpts, port := "--group", []string{"--after", "db"}, "6379"
 	if pod {
-		kind, webOpts, port = "--pod", nil, "6380"
+		kind, port = "--pod", "6380"
 	}
 	var dbc, webc ctr
 	e.mustJSON(&dbc, append([]string{"run", "--node", "node0", "--name", "db", kind, "app", "--image", "services", "--json", "--"}, base...)...)

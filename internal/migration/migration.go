@@ -275,8 +275,11 @@ type Prepare struct {
 // FreezeNotice announces the freeze. Accepting: the service accepts new
 // connections, and its source takes its link down only once it hears of
 // the network switch, so the destination tells the gateways first.
+// PodNetwork: the service is the first of its pod to freeze, and its
+// destination takes the pod's traffic (the others' do not).
 type FreezeNotice struct {
-	Accepting bool `json:"accepting,omitempty"`
+	Accepting  bool `json:"accepting,omitempty"`
+	PodNetwork bool `json:"pod_network,omitempty"`
 }
 
 // Process is what a service's image says of its process beyond its
