@@ -43,6 +43,9 @@ type Agent struct {
 	// restored: members of group migrations restored here, so that a
 	// member is released only after those it depends on.
 	restored restoredSet
+	// podJournal serialises the journaling of pod members' restores
+	// when a crash test's failpoint is armed (incoming.journal).
+	podJournal sync.Mutex
 
 	runCtx  context.Context // the agent's lifetime; jobs run on it
 	journal *journal.Journal

@@ -514,10 +514,11 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 		delete(a.containers, name)
 	}
 	a.mu.Unlock()
-	errs = append(errs, a.releaseNet(a.readMeta(name)))
+	m := a.readMeta(name)
 	if err := os.RemoveAll(a.dir(name)); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, a.releaseNet(m))
 	err := errors.Join(errs...)
 	if err != nil {
 		a.log.Warn("destroy container", "container", name, "err", err)
@@ -535,26 +536,20 @@ func (a *Agent) readMeta(name string) meta {
 	return meta{Name: name}
 }
 
-// releaseNet removes the network a container used (m is gone from the
-// table): its namespace and link, unless another container still uses
-// them (a pod's other members, or its first member, here or arriving,
-// whose directory goes before its entry in the table).
+// releaseNet removes the network a container used (its directory is
+// gone or going): its namespace and link, unless another container still
+// uses them, a pod's other member or its first, here, arriving or leaving
+// (its directory stays until it has left: a migrated member's source
+// copy may still be restored here after a failure at its destination).
 func (a *Agent) releaseNet(m meta) error {
 	owner := m.netOwner()
-	if owner != m.Name {
-		// The pod's first member is still here (or arriving).
-		if _, err := os.Stat(a.dir(owner)); err == nil {
-			return nil
+	if m.PodNet != "" {
+		ents, _ := os.ReadDir(a.containersDir())
+		for _, e := range ents {
+			if e.Name() != m.Name && a.readMeta(e.Name()).netOwner() == owner {
+				return nil
+			}
 		}
-	}
-	a.mu.Lock()
-	inUse := false
-	for n, c := range a.containers {
-		inUse = inUse || (n != m.Name && c.meta.netOwner() == owner)
-	}
-	a.mu.Unlock()
-	if inUse {
-		return nil
 	}
 	return errors.Join(a.plane.Detach(owner), linux.DeleteNetNS(a.nsPath(owner)))
 }

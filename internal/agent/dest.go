@@ -104,7 +104,7 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	}
 	j := newJob(p.ID, migration.RoleDestination, p.Name, p.From, a.cfg.Node, p.Strategy, nil)
 	in := &incoming{a: a, job: j, m: migration.NewDest(p.Strategy), conn: conn, p: p,
-		rec: journal.Record{ID: p.ID, Role: migration.RoleDestination, Container: p.Name, Peer: p.From, Strategy: p.Strategy}}
+		rec: journal.Record{ID: p.ID, Role: migration.RoleDestination, Container: p.Name, Peer: p.From, Strategy: p.Strategy, Unit: p.Unit}}
 	a.jobs.add(j)
 	a.metrics.MigrationStarted(migration.RoleDestination)
 	acts, err := in.m.Step(migration.Event{Kind: migration.EvStart})
@@ -207,9 +207,19 @@ func (in *incoming) perform(ctx context.Context, acts []migration.Action) (migra
 }
 
 func (in *incoming) journal(p migration.Phase) error {
+	if p == migration.Restored && in.p.PodNet != "" && in.a.failpointArmed("pod-member-restored") {
+		// A pod's members, restored together, journal it one at a time
+		// when a crash test waits to land between two (settlePods).
+		in.a.podJournal.Lock()
+		defer in.a.podJournal.Unlock()
+	}
 	in.rec.Phase = p
 	r, err := in.a.journal.Put(in.rec)
 	in.rec = r
+	if err == nil && p == migration.Restored && in.p.PodNet != "" {
+		// The pod's other members are restored too, not journaled.
+		in.a.failpoint("pod-member-restored")
+	}
 	return err
 }
 

@@ -39,9 +39,11 @@
 // connections, traffic handover (FreezeNotice.PodNetwork), link down,
 // and from then on a hold of the pod's loopback (netplane.HoldLoopback);
 // the destination's Holder holds loopback too (netplane.HoldPod), so no
-// connection between members meets a member not there yet or any more. A destination restores a pod
-// whole or not at all (restoredSet.awaitAll). The namespace goes with
-// the last member that uses it (releaseNet).
+// connection between members meets a member not there yet or any more.
+// A destination restores a pod whole or not at all (restoredSet.awaitAll);
+// restarted in the middle, its members journaled apart, it settles them
+// alike (settlePods). The namespace goes with the last member that uses
+// it (releaseNet).
 //
 // # The frozen window
 //

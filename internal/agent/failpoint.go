@@ -16,3 +16,9 @@ func (a *Agent) failpoint(name string) {
 		os.Exit(137)
 	}
 }
+
+// failpointArmed reports whether failpoint name would fire (a stat).
+func (a *Agent) failpointArmed(name string) bool {
+	_, err := os.Stat(filepath.Join(a.cfg.StateDir, "failpoint-"+name))
+	return err == nil
+}

@@ -60,6 +60,7 @@ func (a *Agent) pendingRecoveries(ctx context.Context) ([]journal.Record, error)
 // with the machine its journal phase gives (migration.RecoverSource,
 // migration.RecoverDest).
 func (a *Agent) recoverAll(ctx context.Context, recs []journal.Record) {
+	recs = a.settlePods(ctx, recs)
 	for _, r := range recs {
 		a.wg.Add(1)
 		go func() {
@@ -77,6 +78,52 @@ func (a *Agent) recoverAll(ctx context.Context, recs []journal.Record) {
 			a.log.Warn("interrupted migration settled", "migration", r.ID, "container", r.Container, "outcome", outcome)
 		}()
 	}
+}
+
+// settlePods keeps a pod whole on a destination that restarted while
+// restoring it: its members are restored together (restoredSet.awaitAll)
+// but journal it each on its own, so the agent may have died with some at
+// Restored and others still at Transferred. A member whose restore ended
+// (its container runs) is then settled as restored, as its pod's others
+// are, rather than destroyed while they stay; and if one's restore did
+// not end, the others, restored but not committed, are given up with it
+// (their sources restore the whole pod). It returns recs with the phases
+// to settle them from.
+func (a *Agent) settlePods(ctx context.Context, recs []journal.Record) []journal.Record {
+	restored := map[string]bool{}   // unit -> a pod member is Restored or later here
+	unrestored := map[string]bool{} // unit -> a pod member's restore did not end
+	pod := make([]bool, len(recs))
+	running := make([]bool, len(recs))
+	for i, r := range recs {
+		if r.Role != migration.RoleDestination || r.Unit == "" || a.readMeta(r.Container).PodNet == "" {
+			continue
+		}
+		pod[i] = true
+		switch r.Phase {
+		case migration.Restored, migration.Committed:
+			restored[r.Unit] = true
+		default:
+			st, err := a.rt.State(ctx, r.Container)
+			running[i] = r.Phase == migration.Transferred && err == nil && st.Status == runc.StatusRunning
+			if !running[i] {
+				unrestored[r.Unit] = true
+			}
+		}
+	}
+	for i, r := range recs {
+		if !pod[i] {
+			continue
+		}
+		switch {
+		case unrestored[r.Unit] && r.Phase == migration.Restored:
+			a.log.Warn("a pod member restored here is given up with another whose restore did not end", "container", r.Container, "unit", r.Unit)
+			recs[i].Phase = migration.Transferred
+		case !unrestored[r.Unit] && restored[r.Unit] && running[i]:
+			a.log.Warn("a pod member restored with the others, not journaled yet, is settled as restored", "container", r.Container, "unit", r.Unit)
+			recs[i].Phase = migration.Restored
+		}
+	}
+	return recs
 }
 
 // recoverSource settles a migration this node was the source of.

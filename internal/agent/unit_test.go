@@ -3,11 +3,13 @@ package agent
 import (
 	"context"
 	"errors"
+	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/migration"
 )
 
@@ -262,5 +264,44 @@ func TestPodNet(t *testing.T) {
 	a.containers["web"] = &container{meta: meta{Name: "web", Process: migration.Process{Group: "app", PodNet: "db"}}}
 	if _, _, err := a.podNet(api.RunRequest{Name: "z", Pod: "app"}); !errors.Is(err, ErrConflict) {
 		t.Errorf("joining a pod whose first member is gone: %v", err)
+	}
+}
+
+// A destination restarted in the middle of a pod's restore settles its
+// members alike: one journaled restored is given up with another whose
+// restore did not end (its container does not run); a group that is not
+// a pod, and a pod all restored, are left as journaled.
+func TestSettlePods(t *testing.T) {
+	a := newPeerAPI(t).a
+	metas := map[string]migration.Process{
+		"db":   {Group: "app", PodNet: "db"},
+		"web":  {Group: "app", PodNet: "db"},
+		"solo": {Group: "shop"},
+		"kv":   {Group: "kvpod", PodNet: "kv"},
+	}
+	for n, p := range metas {
+		if err := os.MkdirAll(a.dir(n), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := a.writeMeta(meta{Name: n, Process: p}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod, shop, kv := journal.NewID(), journal.NewID(), journal.NewID()
+	rec := func(name, unit string, ph migration.Phase) journal.Record {
+		return journal.Record{ID: journal.NewID(), Role: migration.RoleDestination, Container: name, Unit: unit, Phase: ph}
+	}
+	recs := []journal.Record{
+		rec("db", pod, migration.Restored),
+		rec("web", pod, migration.Transferred), // no container runs
+		rec("solo", shop, migration.Restored),
+		rec("kv", kv, migration.Restored),
+	}
+	got := a.settlePods(context.Background(), recs)
+	want := []migration.Phase{migration.Transferred, migration.Transferred, migration.Restored, migration.Restored}
+	for i, r := range got {
+		if r.Phase != want[i] {
+			t.Errorf("%s: settled from %s, want %s", r.Container, r.Phase, want[i])
+		}
 	}
 }

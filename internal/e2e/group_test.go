@@ -433,28 +433,7 @@ func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
 	const n, size = 20, 1 << 20
 	db, web := e.redisGroup(st, n, size)
 	link := replicaLinkID(t, db)
-	fp := filepath.Join(st.Nodes[0].StateDir, "failpoint-unit-committed")
-	if err := os.WriteFile(fp, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	if _, err := api.NewUnixClient(st.Nodes[0].Socket).StartGroupMigration(ctx, "app", api.MigrateRequest{To: "node1", Strategy: "stop-and-copy"}); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		var ps []ctr
-		_, ferr := os.Stat(fp)
-		out, _, err := e.run("ps", "--json")
-		if errors.Is(ferr, os.ErrNotExist) && err == nil && json.Unmarshal([]byte(out), &ps) == nil && len(ps) == 2 &&
-			ps[0].Node == "node1" && ps[1].Node == "node1" && ps[0].Status == "running" && ps[1].Status == "running" {
-			break
-		}
-		if ctx.Err() != nil {
-			t.Fatalf("the group did not settle on node1 (failpoint left: %v): ps %s", ferr == nil, out)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	e.migrateAcrossCrash(st, 0, "unit-committed")
 	log, err := os.ReadFile(filepath.Join(st.Nodes[0].StateDir, "agent.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -469,6 +448,36 @@ func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
 		t.Error("the restarted source settled the members without looking at their group's commit")
 	}
 	e.checkGroupIntact("after the source agent died at the group's commit", db, web, "node1", link, n, size, 1)
+}
+
+// migrateAcrossCrash arms failpoint on the agent of st.Nodes[node],
+// starts moving group "app" (two members) from node0 to node1 with
+// stop-and-copy, and waits, at most 3 minutes, until the failpoint has
+// fired and both members run on node1.
+func (e *env) migrateAcrossCrash(st *testbed.State, node int, failpoint string) {
+	e.t.Helper()
+	fp := filepath.Join(st.Nodes[node].StateDir, "failpoint-"+failpoint)
+	if err := os.WriteFile(fp, nil, 0o600); err != nil {
+		e.t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	if _, err := api.NewUnixClient(st.Nodes[0].Socket).StartGroupMigration(ctx, "app", api.MigrateRequest{To: "node1", Strategy: "stop-and-copy"}); err != nil {
+		e.t.Fatal(err)
+	}
+	for {
+		var ps []ctr
+		_, ferr := os.Stat(fp)
+		out, _, err := e.run("ps", "--json")
+		if errors.Is(ferr, os.ErrNotExist) && err == nil && json.Unmarshal([]byte(out), &ps) == nil && len(ps) == 2 &&
+			ps[0].Node == "node1" && ps[1].Node == "node1" && ps[0].Status == "running" && ps[1].Status == "running" {
+			return
+		}
+		if ctx.Err() != nil {
+			e.t.Fatalf("app did not settle whole on node1 (failpoint left: %v): ps %s", ferr == nil, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 }
 
 // upWithRunc brings up two nodes and a client on a 1 Gbit/s access link,

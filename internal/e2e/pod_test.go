@@ -107,3 +107,30 @@ func names(ents []os.DirEntry) []string {
 	}
 	return out
 }
+
+// TestPodDestinationCrashAtRestore: node1's agent dies right after it
+// journals the first of the pod's members as restored, the other one
+// restored too but not journaled yet. Restarted, it must settle the two
+// alike: committing one and destroying the other (which would then resume
+// on node0) would split the pod's namespace across two nodes. The pod
+// ends whole on node1, with every connection and the data.
+func TestPodDestinationCrashAtRestore(t *testing.T) {
+	e := newEnv(t)
+	st := e.upWithRunc(nil)
+	const n, size = 5_000, 1000
+	db, web := e.redisPair(st, n, size, true)
+	link := replicaLinkID(t, db)
+	e.migrateAcrossCrash(st, 1, "pod-member-restored")
+	log, err := os.ReadFile(filepath.Join(st.Nodes[1].StateDir, "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), "failpoint reached") {
+		t.Fatal("node1's agent never reached the failpoint")
+	}
+	if !strings.Contains(string(log), "settled as restored") {
+		t.Error("node1 settled the pod's members without looking at each other's restore")
+	}
+	e.checkPodListed("after node1's agent died restoring the pod", "node1")
+	e.checkGroupIntact("after node1's agent died restoring the pod", db, web, "node1", link, n, size, 1)
+}

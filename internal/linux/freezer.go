@@ -110,6 +110,14 @@ func FreezeCgroupSeizable(ctx context.Context, path string, tries int) (int, err
 			return i, err
 		}
 		waiting, err := VforkWaiters(path)
+		if err == nil && len(waiting) == 0 {
+			// Once in CI a parent read as not waiting and, a moment
+			// later with the cgroup still frozen, as waiting (a task
+			// read while running has no wait channel; why it ran is
+			// not known): a second look, tens of microseconds, makes
+			// such a read less likely to pass.
+			waiting, err = VforkWaiters(path)
+		}
 		if err != nil || len(waiting) == 0 || i >= tries {
 			return i, nil // an unreadable task list: CRIU decides
 		}
