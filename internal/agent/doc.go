@@ -37,7 +37,8 @@
 // Holder on the destination. On the source the first member to freeze
 // (unit.takePodNetwork) does the network's part for all: hold of new
 // connections, traffic handover (FreezeNotice.PodNetwork), link down,
-// and from then on a hold of the pod's loopback (netplane.HoldLoopback);
+// and from then on a hold of the pod's loopback (netplane.HoldLoopback,
+// ended by the last member's migration: unit.memberDone);
 // the destination's Holder holds loopback too (netplane.HoldPod), so no
 // connection between members meets a member not there yet or any more.
 // A destination restores a pod whole or not at all (restoredSet.awaitAll);

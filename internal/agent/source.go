@@ -520,15 +520,15 @@ func (o *outgoing) freeze() error {
 	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting, PodNetwork: pod && network}); err != nil {
 		return fmt.Errorf("notify %s: %w", o.req.To, err)
 	}
+	if pod && network && o.unit != nil {
+		a.log.Info("first of its pod to freeze: takes the pod's network", "container", name, "pod", o.c.meta.Group)
+		o.holdLoopback()
+	}
 	// Freeze here, polling the cgroup closely (CRIU's own freezer waits
 	// 100 ms whenever its first look finds the cgroup still freezing, and
 	// `runc pause` would start a process inside the frozen window). CRIU
 	// dumps a frozen cgroup as it is, and leaves it frozen if the dump
 	// fails (thawed by resume).
-	if pod && network {
-		a.log.Info("first of its pod to freeze: takes the pod's network", "container", name, "pod", o.c.meta.Group)
-		o.holdLoopback()
-	}
 	o.paused = true
 	if tries, err := linux.FreezeCgroupSeizable(fctx, a.cgroupsPath(name), 20); err != nil {
 		o.paused = false
@@ -596,7 +596,13 @@ func (o *outgoing) holdNewConnections() {
 		return
 	}
 	o.synHold = h
-	o.endHold(h, "let held connection requests in")
+	o.cleanup = append(o.cleanup, func() {
+		if o.res.OK {
+			_ = h.Drop()
+		} else if err := h.Close(); err != nil {
+			a.log.Warn("let held connection requests in", "container", name, "err", err)
+		}
+	})
 	if hs, q, err := netplane.WaitSettled(ns, pendingStall, pendingWait, true); err == nil && hs+q > 0 {
 		a.log.Info("connections still pending at the freeze", "container", name, "handshaking", hs, "queued", q)
 	}
@@ -606,8 +612,8 @@ func (o *outgoing) holdNewConnections() {
 // they send each other (netplane.HoldLoopback): a member still running
 // until its own freeze sends to one frozen or already dumped, whose gone
 // sockets would answer with a reset. The packets stay in their senders'
-// queues, which the dumps take: once the pod lives elsewhere they are
-// dropped here; if it stays they are let through.
+// queues, which the dumps take. The hold ends with the last member's
+// migration (unit.memberDone).
 func (o *outgoing) holdLoopback() {
 	a, name := o.a, o.rec.Container
 	h, err := netplane.HoldLoopback(a.nsPath(o.c.meta.netOwner()))
@@ -615,20 +621,7 @@ func (o *outgoing) holdLoopback() {
 		a.log.Warn("hold the pod's loopback: a connection between its members may be reset", "container", name, "err", err)
 		return
 	}
-	o.endHold(h, "let the pod's held loopback packets through")
-}
-
-// endHold ends a hold of the source's with the migration: its packets
-// are dropped once the service lives elsewhere (they are retransmitted
-// or forwarded there), let through if it stays here.
-func (o *outgoing) endHold(h *netplane.Holder, what string) {
-	o.cleanup = append(o.cleanup, func() {
-		if o.res.OK {
-			_ = h.Drop()
-		} else if err := h.Close(); err != nil {
-			o.a.log.Warn(what, "container", o.rec.Container, "err", err)
-		}
-	})
+	o.unit.holdLoop(h)
 }
 
 // switchWait bounds the wait for the destination's network switch before
@@ -1276,18 +1269,16 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 // stayed or came back here: the sticky local bridge entry, then every
 // peer's FDB. A peer that cannot be told (the failed destination,
 // typically) learns from the endpoint list when it is back, so this is
-// not a failure.
+// not a failure. A pod's members each do it for the pod's network: any
+// of them may have handed it over.
 func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
 	a.setHandedOver(c, false)
-	if c.meta.joined() {
-		return // the pod's first member's
-	}
 	mac, _ := net.ParseMAC(c.meta.MAC)
 	a.fdb.stamp(mac.String(), time.Now())
 	if err := a.plane.DelRemote(mac); err != nil {
 		a.log.Warn("drop remote fdb", "container", c.meta.Name, "err", err)
 	}
-	if err := a.plane.PinLocal(mac, c.meta.Name); err != nil {
+	if err := a.plane.PinLocal(mac, c.meta.netOwner()); err != nil {
 		a.log.Warn("pin local fdb", "container", c.meta.Name, "err", err)
 	}
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)

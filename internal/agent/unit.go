@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
 	"sort"
 	"sync"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
 )
 
 // unit coordinates the members of a group that migrate as one, each in
@@ -34,9 +36,14 @@ type unit struct {
 	arrived map[stage]int   // members that reached each stage
 	frozen  map[string]bool // members frozen (awaitDependentsFrozen)
 	podNet  bool            // a member took the pod's network (takePodNetwork)
-	bytes   int64           // the members' state, as each reported it at the freeze
-	failed  error
-	changed notifier
+	// loop is a pod's hold of its loopback (outgoing.holdLoopback),
+	// ended by the last member to finish (memberDone).
+	loop     *netplane.Holder
+	finished int   // members whose migration ended
+	notOK    bool  // one of them did not move
+	bytes    int64 // the members' state, as each reported it at the freeze
+	failed   error
+	changed  notifier
 }
 
 // stage is a barrier of a unit's migration.
@@ -107,6 +114,40 @@ func (u *unit) takePodNetwork() bool {
 	first := !u.podNet
 	u.podNet = true
 	return first
+}
+
+// holdLoop hands the unit the pod's hold of its loopback.
+func (u *unit) holdLoop(h *netplane.Holder) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	u.loop = h
+}
+
+// memberDone records that a member's migration ended (ok: it moved). The
+// last one ends the pod's hold of its loopback: its packets are dropped
+// if every member moved (their senders' queues went with the dumps),
+// let through otherwise, once every member runs here again (one resumed
+// earlier would have sent to another not restored yet, whose missing
+// socket answers with a reset).
+func (u *unit) memberDone(ok bool, log *slog.Logger) {
+	u.mu.Lock()
+	u.finished++
+	u.notOK = u.notOK || !ok
+	var h *netplane.Holder
+	if u.finished == len(u.members) {
+		h, u.loop = u.loop, nil
+	}
+	drop := !u.notOK
+	u.mu.Unlock()
+	switch {
+	case h == nil:
+	case drop:
+		_ = h.Drop()
+	default:
+		if err := h.Close(); err != nil {
+			log.Warn("let the pod's held loopback packets through", "group", u.group, "err", err)
+		}
+	}
 }
 
 // markFrozen records that member is frozen.
@@ -230,6 +271,7 @@ func (a *Agent) StartGroupMigration(group string, req migration.Request) ([]*job
 		}
 		claimed = append(claimed, name)
 		o.unit, o.rec.Unit = u, u.id
+		o.cleanup = append(o.cleanup, func() { u.memberDone(o.res.OK, a.log) })
 		outs = append(outs, o)
 	}
 	var jobs []*job

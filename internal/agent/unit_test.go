@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"strings"
 	"testing"
@@ -10,7 +11,10 @@ import (
 
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/journal"
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
+	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/testutil"
 )
 
 // The members of a unit pass a barrier together; one failing makes the
@@ -303,5 +307,35 @@ func TestSettlePods(t *testing.T) {
 		if r.Phase != want[i] {
 			t.Errorf("%s: settled from %s, want %s", r.Container, r.Phase, want[i])
 		}
+	}
+}
+
+// A pod's hold of its loopback outlives every member's migration but the
+// last: the last to finish ends it (here, one did not move: let through).
+func TestUnitLoopHold(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "iptables", "nsenter")
+	ns := testutil.NewNetNS(t, "uloop")
+	held := func() bool {
+		out, err := linux.Command(ns, "iptables", "-w", "-t", "mangle", "-S", "OUTPUT").CombinedOutput()
+		if err != nil {
+			t.Fatalf("iptables: %v: %s", err, out)
+		}
+		return strings.Contains(string(out), "NFQUEUE")
+	}
+	u := newUnit("app", []string{"db", "web"})
+	h, err := netplane.HoldLoopback(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.holdLoop(h)
+	log := slog.New(slog.DiscardHandler)
+	u.memberDone(true, log)
+	if !held() {
+		t.Fatal("the hold ended with the first member's migration")
+	}
+	u.memberDone(false, log)
+	if held() {
+		t.Fatal("the hold outlived the last member's migration")
 	}
 }

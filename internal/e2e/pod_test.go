@@ -134,3 +134,22 @@ func TestPodDestinationCrashAtRestore(t *testing.T) {
 	e.checkPodListed("after node1's agent died restoring the pod", "node1")
 	e.checkGroupIntact("after node1's agent died restoring the pod", db, web, "node1", link, n, size, 1)
 }
+
+// TestPodDumpFailsRollsBack: web, the first of the pod to freeze (it
+// depends on db), hands the pod's network over and then fails its dump.
+// The pod stays on node0 and is reachable there again: the network is
+// taken back whichever member handed it over, and every connection and
+// the data survive.
+func TestPodDumpFailsRollsBack(t *testing.T) {
+	e := newEnv(t)
+	st := e.upWithRunc(map[string]string{"node0": criuDumpWrapper(t, "web", failDump("injected dump failure of web"))})
+	const n, size = 5_000, 1000
+	db, web := e.redisPair(st, n, size, true)
+	link := replicaLinkID(t, db)
+	res := e.migrateFails("app", "node1", "web's dump was made to fail")
+	if !strings.Contains(res.Error, "injected dump failure of web") {
+		t.Errorf("result does not name web's dump failure: %+v", res)
+	}
+	e.checkPodListed("after web's failed dump", "node0")
+	e.checkGroupIntact("after web's failed dump", db, web, "node0", link, n, size, 1)
+}
