@@ -426,6 +426,7 @@ func (a *Agent) podNet(r api.RunRequest) (string, *meta, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	var owner *meta
+	shares := "" // the network a member found shares
 	for _, c := range a.containers {
 		if c.meta.Group != group {
 			continue
@@ -439,19 +440,17 @@ func (a *Agent) podNet(r api.RunRequest) (string, *meta, error) {
 			m := c.meta
 			owner = &m
 		}
+		shares = c.meta.PodNet
 	}
-	if r.Pod == "" {
+	switch {
+	case r.Pod == "":
 		return "", nil, nil
+	case owner != nil:
+		return owner.Name, owner, nil
+	case shares != "":
+		return "", nil, fmt.Errorf("%w: pod %s has members but not its first, %s, whose network they share", ErrConflict, group, shares)
 	}
-	if owner == nil {
-		for _, c := range a.containers {
-			if c.meta.Group == group {
-				return "", nil, fmt.Errorf("%w: pod %s has members but not its first, %s, whose network they share", ErrConflict, group, c.meta.PodNet)
-			}
-		}
-		return r.Name, nil, nil
-	}
-	return owner.Name, owner, nil
+	return r.Name, nil, nil
 }
 
 func (a *Agent) runcSpec(m meta) (runc.Spec, error) {

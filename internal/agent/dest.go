@@ -761,14 +761,7 @@ func (in *incoming) finish(act migration.Action) {
 // dumps; until the commit, the packets are held (netplane.Holder).
 func (a *Agent) takeTraffic(ctx context.Context, c *container, from string, gatewaysFirst bool) migration.Switched {
 	t0 := time.Now()
-	mac, _ := net.ParseMAC(c.meta.MAC)
-	a.fdb.stamp(mac.String(), t0)
-	if err := a.plane.DelRemote(mac); err != nil {
-		a.log.Warn("drop remote fdb", "err", err)
-	}
-	if err := a.plane.PinLocal(mac, c.meta.netOwner()); err != nil {
-		a.log.Warn("pin local fdb", "err", err)
-	}
+	a.pinHere(c, t0)
 	// The gateways (where clients' traffic enters the overlay) and the
 	// source are told before the state is taken; the other nodes (their
 	// services' traffic to this one) in the background, so that a node
@@ -796,6 +789,21 @@ func (a *Agent) takeTraffic(ctx context.Context, c *container, from string, gate
 		}
 	}()
 	return migration.Switched{NetworkMs: migration.Ms(time.Since(t0))}
+}
+
+// pinHere points this node's bridge at the service's local link (its
+// pod's, for a pod member) for good: its overlay MAC's remote entry goes,
+// a sticky local one comes, stamped at so that an older announcement
+// from a peer does not undo it.
+func (a *Agent) pinHere(c *container, at time.Time) {
+	mac, _ := net.ParseMAC(c.meta.MAC)
+	a.fdb.stamp(mac.String(), at)
+	if err := a.plane.DelRemote(mac); err != nil {
+		a.log.Warn("drop remote fdb", "container", c.meta.Name, "err", err)
+	}
+	if err := a.plane.PinLocal(mac, c.meta.netOwner()); err != nil {
+		a.log.Warn("pin local fdb", "container", c.meta.Name, "err", err)
+	}
 }
 
 // adopt records a committed incoming container as this node's own.

@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -195,14 +194,7 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 
 // recoverDest settles a migration this node was the destination of.
 func (a *Agent) recoverDest(ctx context.Context, rec journal.Record) migration.Outcome {
-	var m meta
-	b, err := os.ReadFile(filepath.Join(a.dir(rec.Container), "meta.json"))
-	if err == nil {
-		err = json.Unmarshal(b, &m)
-	}
-	if err != nil {
-		m = meta{Name: rec.Container}
-	}
+	m := a.readMeta(rec.Container)
 	d, acts := migration.RecoverDest(rec.Phase)
 	j := newJob(rec.ID, migration.RoleDestination, rec.Container, rec.Peer, a.cfg.Node, rec.Strategy, nil)
 	a.jobs.add(j)
@@ -222,12 +214,7 @@ func (a *Agent) incomingLeftovers() []string {
 	ents, _ := os.ReadDir(a.containersDir())
 	var out []string
 	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(a.containersDir(), e.Name(), "meta.json"))
-		if err != nil {
-			continue
-		}
-		var m meta
-		if json.Unmarshal(b, &m) == nil && m.Incoming && m.Name == e.Name() {
+		if m := a.readMeta(e.Name()); m.Incoming {
 			out = append(out, m.Name)
 		}
 	}

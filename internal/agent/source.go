@@ -1273,14 +1273,7 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 // of them may have handed it over.
 func (a *Agent) reclaimTraffic(ctx context.Context, c *container) {
 	a.setHandedOver(c, false)
-	mac, _ := net.ParseMAC(c.meta.MAC)
-	a.fdb.stamp(mac.String(), time.Now())
-	if err := a.plane.DelRemote(mac); err != nil {
-		a.log.Warn("drop remote fdb", "container", c.meta.Name, "err", err)
-	}
-	if err := a.plane.PinLocal(mac, c.meta.netOwner()); err != nil {
-		a.log.Warn("pin local fdb", "container", c.meta.Name, "err", err)
-	}
+	a.pinHere(c, time.Now())
 	actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	if err := a.announce(actx, a.endpoint(c), false); err != nil {

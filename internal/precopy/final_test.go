@@ -140,17 +140,18 @@ type followDump struct {
 	dumped, stop     chan struct{}
 	sent, rebuiltErr chan error
 	src, dst         *transfer.Conn
-	early            int // SendFinal's EarlyImages, once sent has its error
+	early            int             // SendFinal's EarlyImages, once sent has its error
+	ctx              context.Context // both sides' (a minute, ended with the test)
 }
 
-func startFollow(t *testing.T, ctx context.Context) *followDump {
+func startFollow(t *testing.T) *followDump {
 	t.Helper()
-	return startFollowWatch(t, ctx, nil)
+	return startFollowWatch(t, nil)
 }
 
 // startFollowWatch is startFollow with hook called on the watch before
 // the final delta starts.
-func startFollowWatch(t *testing.T, ctx context.Context, hook func(*DumpWatch)) *followDump {
+func startFollowWatch(t *testing.T, hook func(*DumpWatch)) *followDump {
 	t.Helper()
 	dir := shmDir(t)
 	f := &followDump{dump: filepath.Join(dir, "dump"), rebuilt: filepath.Join(dir, "rebuilt"), dumped: make(chan struct{}), stop: make(chan struct{}),
@@ -173,6 +174,8 @@ func startFollowWatch(t *testing.T, ctx context.Context, hook func(*DumpWatch)) 
 	store := newTestStore(t)
 	src, dst := connPair(t, nil)
 	f.src, f.dst = src, dst
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	f.ctx = ctx
 	go func() {
 		_, err := store.RebuildFinal(ctx, dst, f.rebuilt)
 		f.rebuiltErr <- err
@@ -182,6 +185,7 @@ func startFollowWatch(t *testing.T, ctx context.Context, hook func(*DumpWatch)) 
 		f.early = st.EarlyImages
 		f.sent <- err
 	}()
+	t.Cleanup(cancel)
 	return f
 }
 
@@ -242,9 +246,7 @@ func requireGone(t *testing.T, paths ...string) {
 // images the watch could not report (a pages image with no pagemap yet)
 // go after it, and the rebuilt directory equals the dump.
 func TestFinalFollowsDump(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f := startFollow(t, ctx)
+	f := startFollow(t)
 	f.writeProcess(t, 1, 1, filled(1), filled(2))
 	// Process 1's pages cross while CRIU would still dump.
 	f.waitArrived(t, "pages-1.img", 2)
@@ -270,9 +272,7 @@ func TestFinalFollowsDump(t *testing.T) {
 // it was sent early (CRIU writes each once; anything else would leave the
 // destination's copy stale) fails the final delta rather than pass.
 func TestFinalFollowRefusesRewrittenImage(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f := startFollow(t, ctx)
+	f := startFollow(t)
 	f.writeProcess(t, 1, 1, filled(1))
 	f.waitArrived(t, "pages-1.img", 1)
 	img := filepath.Join(f.dump, "pages-1.img")
@@ -294,9 +294,7 @@ func TestFinalFollowRefusesRewrittenImage(t *testing.T) {
 // the delta with an abort: the destination's rebuild fails and leaves
 // nothing, and the connection stays usable for the reason.
 func TestFinalFollowDumpFails(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f := startFollow(t, ctx)
+	f := startFollow(t)
 	f.writeProcess(t, 1, 1, filled(1))
 	f.waitArrived(t, "pages-1.img", 1)
 	close(f.stop)
@@ -307,10 +305,10 @@ func TestFinalFollowDumpFails(t *testing.T) {
 		t.Fatalf("rebuild: %v, want the sender's abort", err)
 	}
 	requireGone(t, f.rebuilt, PagesDir(f.rebuilt))
-	if err := f.src.WriteMsg(ctx, "abort", nil); err != nil {
+	if err := f.src.WriteMsg(f.ctx, "abort", nil); err != nil {
 		t.Fatalf("the connection after the abort: %v", err)
 	}
-	if typ, _, err := f.dst.ReadMsg(ctx); err != nil || typ != "abort" {
+	if typ, _, err := f.dst.ReadMsg(f.ctx); err != nil || typ != "abort" {
 		t.Fatalf("the reason after the abort: %q, %v", typ, err)
 	}
 }
@@ -319,9 +317,7 @@ func TestFinalFollowDumpFails(t *testing.T) {
 // its events lost) costs only the overlap: every image goes once the dump
 // is done, and the rebuilt directory still equals the dump.
 func TestFinalFollowWatchSilent(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	f := startFollowWatch(t, ctx, func(w *DumpWatch) { w.Close() })
+	f := startFollowWatch(t, func(w *DumpWatch) { w.Close() })
 	f.writeProcess(t, 1, 1, filled(1), filled(2))
 	f.writeProcess(t, 2, 2, filled(3))
 	if err := os.WriteFile(filepath.Join(f.dump, "core-1.img"), []byte("core"), 0o644); err != nil {
