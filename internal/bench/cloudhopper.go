@@ -124,15 +124,18 @@ type CloudhopperRun struct {
 	// at the SYN waits there); WrkMaxLatencyMs and the percentiles are
 	// its. MaxLatencyMs, the slowest request a client saw, is the larger
 	// of wrk's slowest and the probe's, which counts from its connect.
-	Requests        int64   `json:"requests"`
-	FailedRequests  int64   `json:"failed_requests"`
-	NonOK           int64   `json:"non_2xx"`
-	NonOKSample     string  `json:"non_2xx_sample,omitempty"`
-	ThroughputRPS   float64 `json:"throughput_rps"`
-	MaxLatencyMs    float64 `json:"max_latency_ms"`
-	WrkMaxLatencyMs float64 `json:"wrk_max_latency_ms"`
-	P50LatencyMs    float64 `json:"p50_latency_ms"`
-	P99LatencyMs    float64 `json:"p99_latency_ms"`
+	Requests       int64 `json:"requests"`
+	FailedRequests int64 `json:"failed_requests"`
+	// FailedBy splits FailedRequests by wrk's kind of error (connect,
+	// read, write, timeout); empty when none failed.
+	FailedBy        map[string]int64 `json:"failed_by,omitempty"`
+	NonOK           int64            `json:"non_2xx"`
+	NonOKSample     string           `json:"non_2xx_sample,omitempty"`
+	ThroughputRPS   float64          `json:"throughput_rps"`
+	MaxLatencyMs    float64          `json:"max_latency_ms"`
+	WrkMaxLatencyMs float64          `json:"wrk_max_latency_ms"`
+	P50LatencyMs    float64          `json:"p50_latency_ms"`
+	P99LatencyMs    float64          `json:"p99_latency_ms"`
 	// The availability probe: a REST read (PHP and the database) on a
 	// new connection every 100 ms. At 0 clients its slowest request is
 	// the downtime a client sees.
@@ -427,6 +430,14 @@ func (e *env) cloudhopperRun(ctx context.Context, cfg CloudhopperConfig, app *wp
 	}
 	run.Requests, run.NonOK, run.NonOKSample, run.WritesAcked = ws.Requests, ws.NonOK, ws.Bad, ws.Created
 	run.FailedRequests = ws.ConnectErrors + ws.ReadErrors + ws.WriteErrors + ws.TimeoutErrors
+	for k, n := range map[string]int64{"connect": ws.ConnectErrors, "read": ws.ReadErrors, "write": ws.WriteErrors, "timeout": ws.TimeoutErrors} {
+		if n > 0 {
+			if run.FailedBy == nil {
+				run.FailedBy = map[string]int64{}
+			}
+			run.FailedBy[k] = n
+		}
+	}
 	if ws.DurationUs > 0 {
 		run.ThroughputRPS = float64(ws.Requests) / (float64(ws.DurationUs) / 1e6)
 	}
@@ -451,7 +462,7 @@ func (e *env) cloudhopperRun(ctx context.Context, cfg CloudhopperConfig, app *wp
 	}
 	if run.FailedRequests > 0 || run.NonOK > 0 || run.ProbeErrors > 0 {
 		run.OK = false
-		run.Error = errors.Join(errorOrNil(run.Error), fmt.Errorf("%d failed requests, %d not 2xx, %d probe errors", run.FailedRequests, run.NonOK, run.ProbeErrors)).Error()
+		run.Error = errors.Join(errorOrNil(run.Error), fmt.Errorf("%d failed requests %v, %d not 2xx, %d probe errors", run.FailedRequests, run.FailedBy, run.NonOK, run.ProbeErrors)).Error()
 	}
 	if run.PaperDowntimeMs > 0 && run.OK {
 		run.DowntimeVsPaper = Ratio(run.PaperDowntimeMs, run.DowntimeMs)

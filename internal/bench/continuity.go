@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
+	"path/filepath"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
@@ -198,6 +200,12 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	return rep, nil
 }
 
+// KeepLogsEnv names the environment variable that, when set to a
+// directory, makes a benchmark copy its testbed's logs (agents, link
+// daemon, supervisor) to a subdirectory named after the testbed before
+// tearing it down.
+const KeepLogsEnv = "EDGEHOP_KEEP_LOGS"
+
 // upTestbed brings up the benchmarks' testbed (two nodes on cfg.NodeLink,
 // one client on cfg.ClientLink) and returns it with down, which tears it
 // down whatever happened.
@@ -219,6 +227,11 @@ func upTestbed(ctx context.Context, cfg Config, log *slog.Logger) (*env, func() 
 	down := func() error {
 		dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Minute)
 		defer cancel()
+		if dst := os.Getenv(KeepLogsEnv); dst != "" {
+			if _, err := testbed.SaveLogs(cfg.Root, name, filepath.Join(dst, name)); err != nil {
+				log.Warn("keep the testbed's logs", "dir", dst, "err", err)
+			}
+		}
 		return testbed.Down(dctx, cfg.Root, name, log)
 	}
 	e := &env{cfg: cfg, log: log, st: st, agents: map[string]*api.Client{"core": api.NewUnixClient(st.Core.Socket)},

@@ -293,10 +293,42 @@ func runCloudhopper(t *testing.T, args ...string) *bytes.Buffer {
 	args = append(append([]string{"bench", "cloudhopper"}, args...), "--warmup", "3s", "--tail", "2s", "--json",
 		"--root", filepath.Join(t.TempDir(), "root"))
 	cmd := exec.CommandContext(ctx, bin, args...)
+	logs := keepLogs(t)
+	cmd.Env = append(os.Environ(), KeepLogsEnv+"="+logs)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("edgehop %s: %v\nstderr: %s\nstdout: %s", strings.Join(args, " "), err, tail(stderr.String(), 2000), stdout.String())
 	}
 	return &stdout
+}
+
+// keepLogs is a directory for a benchmark's testbed logs (KeepLogsEnv);
+// when the test fails, it prints the warnings and errors they hold.
+func keepLogs(t *testing.T) string {
+	dir := t.TempDir()
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		files, _ := filepath.Glob(filepath.Join(dir, "*", "*", "*", "*.log"))
+		more, _ := filepath.Glob(filepath.Join(dir, "*", "*", "*.log"))
+		for _, f := range append(files, more...) {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			var lines []string
+			for l := range strings.Lines(string(b)) {
+				if strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
+					lines = append(lines, l)
+				}
+			}
+			if len(lines) > 0 {
+				rel, _ := filepath.Rel(dir, f)
+				t.Logf("%s, warnings and errors:\n%s", rel, tail(strings.Join(lines, ""), 6000))
+			}
+		}
+	})
+	return dir
 }

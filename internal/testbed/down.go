@@ -169,3 +169,44 @@ func removeCgroups(tb string) error {
 	}
 	return errors.Join(errs...)
 }
+
+// SaveLogs copies the logs of testbed name (its agents', link daemon's,
+// controller's and supervisor's, each *.log under its state directory) to
+// dst, keeping their paths relative to the state directory, so that they
+// outlive Down. It returns the files it copied.
+func SaveLogs(root, name, dst string) ([]string, error) {
+	dir := Dir(root, name)
+	var saved []string
+	err := filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
+		if err != nil {
+			if p == dir {
+				return err
+			}
+			return nil // a container's directory going away meanwhile
+		}
+		if d.IsDir() {
+			if rel, _ := filepath.Rel(dir, p); strings.Count(rel, string(filepath.Separator)) > 3 {
+				return filepath.SkipDir // container root filesystems hold no testbed log
+			}
+			return nil
+		}
+		if !d.Type().IsRegular() || filepath.Ext(p) != ".log" {
+			return nil
+		}
+		rel, _ := filepath.Rel(dir, p)
+		to := filepath.Join(dst, rel)
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return fmt.Errorf("save %s: %w", p, err)
+		}
+		if err := os.MkdirAll(filepath.Dir(to), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(to, b, 0o644); err != nil {
+			return err
+		}
+		saved = append(saved, to)
+		return nil
+	})
+	return saved, err
+}
