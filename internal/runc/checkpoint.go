@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/criuimg"
 )
 
 // CRIU log files runc asks CRIU to write into the work directory.
@@ -338,7 +340,9 @@ func (o RestoreOpts) Validate() error {
 // `runc restore --detach`, using the bundle's config.json (so its network
 // namespace path, rootfs and cgroup path apply), and returns the pid of
 // the restored init process. The restored processes get new stdio pipes
-// copied into o, as Run does.
+// copied into o, as Run does. First, a task the dump found waiting in a
+// poll, sleep or futex with a timeout is made to wait again rather than
+// see the EINTR CRIU recorded (criuimg.RestartSyscalls).
 //
 // A failure is an *Error with runc's message and CRIU's reason from
 // restore.log; runc state left behind by the failed restore is removed.
@@ -362,6 +366,9 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 	}
 	logPath := filepath.Join(work, RestoreLog)
 	if err := os.Remove(logPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return 0, fmt.Errorf("restore %s: %w", id, err)
+	}
+	if _, err := criuimg.RestartSyscalls(o.ImagePath); err != nil {
 		return 0, fmt.Errorf("restore %s: %w", id, err)
 	}
 	args := []string{"--image-path", o.ImagePath, "--work-path", work}

@@ -14,6 +14,7 @@ import (
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/testutil"
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 )
 
 // counterArgs prints 1, 2, 3, ... every 50 ms.
@@ -260,5 +261,59 @@ func TestDeleteHalfMadeState(t *testing.T) {
 	}
 	if m, _ := linux.MountsUnder(dir); len(m) > 0 {
 		t.Fatalf("mounts left: %v", m)
+	}
+}
+
+// TestRestoreRestartsInterruptedWait checkpoints a task blocked in a poll
+// with a timeout and restores it: the task must go on waiting until its
+// timeout rather than see the EINTR CRIU's dump records for a call the
+// kernel restarts through a restart block (criuimg.RestartSyscalls).
+func TestRestoreRestartsInterruptedWait(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	requireCRIU(t, r)
+	testutil.RequireTool(t, "cc")
+	bin := t.TempDir()
+	if out, err := exec.Command("cc", "-static", "-O2", "-o", filepath.Join(bin, "pollwait"), "testdata/pollwait.c").CombinedOutput(); err != nil {
+		t.Skipf("skipped: cannot build a static test program (%v): %s", err, out)
+	}
+	ns := testutil.NewNetNS(t, "rcpw")
+	id := testutil.UniqueName("pw")
+	spec := testSpec(t, ns, "/opt/pw/pollwait", "3000")
+	spec.Mounts = append(spec.Mounts, specs.Mount{Destination: "/opt/pw", Type: "bind", Source: bin, Options: []string{"bind", "ro"}})
+	var before syncBuffer
+	if _, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &before, Stderr: &before}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 5*time.Second, func() error {
+		if !strings.Contains(before.String(), "waiting") {
+			return fmt.Errorf("output %q", before.String())
+		}
+		return nil
+	})
+	time.Sleep(100 * time.Millisecond) // into the poll
+	images := filepath.Join(t.TempDir(), "images")
+	if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images}); err != nil {
+		t.Fatal(err)
+	}
+	if before.String() != "waiting\n" {
+		t.Fatalf("the wait ended before the checkpoint: %q", before.String())
+	}
+	var after syncBuffer
+	start := time.Now()
+	if _, err := r.Restore(ctx, id, writeBundle(t, spec), runc.RestoreOpts{ImagePath: images}, runc.IO{Stdout: &after, Stderr: &after}); err != nil {
+		t.Fatal(err)
+	}
+	testutil.Eventually(t, 10*time.Second, func() error {
+		if after.String() == "" {
+			return errors.New("no word from the restored task yet")
+		}
+		return nil
+	})
+	if got := strings.TrimSpace(after.String()); got != "timeout" {
+		t.Fatalf("restored task's wait ended with %q after %v, want its timeout", got, time.Since(start))
+	}
+	if waited := time.Since(start); waited < time.Second {
+		t.Errorf("the restored wait ended after %v: it did not wait again", waited)
 	}
 }

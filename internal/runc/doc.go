@@ -18,6 +18,10 @@
 // external mounts (ExternalMasks, ExternalCgroupFS with
 // MountCgroupSkeleton), and a Spec can bind directories at /dev
 // (MakeDevDir) and /dev/shm instead of tmpfs mounts, which CRIU would tar.
+// Restore first rewrites the images' tasks that CRIU recorded as
+// interrupted in a poll, sleep or futex wait so that they wait again
+// (criuimg.RestartSyscalls): a service that does not retry on EINTR would
+// otherwise fail what it was waiting for.
 //
 // Container stdio is always a set of pipes owned by the Runtime, never a
 // host file, because CRIU cannot restore a host file descriptor inside
