@@ -21,9 +21,9 @@ func init() {
 
 // followFlags are the flags demo and bench follow share.
 type followFlags struct {
-	root, name, images, reports, kind, walk *string
-	speed, threshold                        *float64
-	asJSON, verbose                         *bool
+	root, name, images, reports, kind, walk, pod *string
+	speed, threshold                             *float64
+	asJSON, verbose                              *bool
 }
 
 func registerFollow(fs *flag.FlagSet, def follow.Config) followFlags {
@@ -35,6 +35,7 @@ func registerFollow(fs *flag.FlagSet, def follow.Config) followFlags {
 		kind:      fs.String("policy", def.Policy.Kind, "policy of the followed redis: latency | region | teka | throughput | model"),
 		speed:     fs.Float64("speed", def.Speed, "walking speed, m/s"),
 		walk:      fs.String("walk", follow.WalkLine, "the user's path: line (across every region) | border (back and forth across the first border)"),
+		pod:       fs.String("pod", "", "run the followed redis as pod NAME with a replica in its namespace; the controller follows the pod"),
 		threshold: fs.Float64("threshold-ms", def.Policy.ThresholdMs, "latency policy: the threshold"),
 		asJSON:    fs.Bool("json", false, "print the report as JSON"),
 		verbose:   fs.Bool("v", false, "log the testbed's work"),
@@ -61,6 +62,7 @@ func (f followFlags) apply(cfg *follow.Config) error {
 		cfg.Policy.ThresholdMs = *f.threshold
 	}
 	cfg.Walk = *f.walk
+	cfg.Pod = *f.pod
 	cfg.ReportDir = *f.reports
 	if cfg.ReportDir == "" {
 		cfg.ReportDir = filepath.Join(cfg.Root, "reports", cfg.Name+"-"+time.Now().UTC().Format("20060102-150405"))

@@ -93,10 +93,29 @@ func (r *reporter) beat(ctx context.Context) error {
 	for name := range migrating {
 		hb.Migrating = append(hb.Migrating, name)
 	}
+	whole := map[string]bool{}  // group -> every member here runs, none migrating
+	moving := map[string]bool{} // groups with a member migrating
 	for _, c := range a.List(ctx) {
-		if c.Status == string(runc.StatusRunning) && !migrating[c.Name] {
+		running := c.Status == string(runc.StatusRunning) && !migrating[c.Name]
+		if running {
 			hb.Containers = append(hb.Containers, c.Name)
 		}
+		if c.Group == "" {
+			continue
+		}
+		ok, seen := whole[c.Group]
+		whole[c.Group] = running && (ok || !seen)
+		if migrating[c.Name] {
+			moving[c.Group] = true
+		}
+	}
+	for g, ok := range whole {
+		if ok {
+			hb.Groups = append(hb.Groups, g)
+		}
+	}
+	for g := range moving {
+		hb.Migrating = append(hb.Migrating, g)
 	}
 	r.mu.Lock()
 	hb.UserRTTMs, hb.NeighbourRTTMs = r.users, r.nodes

@@ -482,9 +482,13 @@ type Heartbeat struct {
 	Address    string   `json:"address,omitempty"`
 	LinkBps    float64  `json:"link_bps,omitempty"`
 	Containers []string `json:"containers"`
+	// Groups are the groups (and pods) whose members all run here and
+	// none migrates: a service that is a group is where its members are.
+	Groups []string `json:"groups,omitempty"`
 	// Migrating are the containers taking part in a migration job on the
-	// node (as its source or destination): where they run is about to
-	// change, and they are not in Containers.
+	// node (as its source or destination), and the groups of such
+	// containers: where they run is about to change, and they are not in
+	// Containers or Groups.
 	Migrating []string `json:"migrating,omitempty"`
 	// NeighbourRTTMs and UserRTTMs are the agent's latest measurements
 	// (nil: none since the last heartbeat).

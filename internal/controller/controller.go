@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -374,6 +375,9 @@ type MigrationRecord struct {
 	PhasesMs   map[string]float64 `json:"phases_ms,omitempty"`
 	Bytes      int64              `json:"bytes_on_wire"`
 	Error      string             `json:"error,omitempty"`
+	// Jobs are a group's member jobs (ID is the first); empty for one
+	// container's migration.
+	Jobs []string `json:"jobs,omitempty"`
 }
 
 // migrate carries a migration decision out as a job of the source's
@@ -396,33 +400,65 @@ func (c *Controller) migrate(d policy.Decision) {
 		return
 	}
 	s, _ := c.eng.Service(d.Service)
-	j, err := cl.StartMigration(ctx, d.Service, api.MigrateRequest{To: d.To, Strategy: d.Strategy})
+	req := api.MigrateRequest{To: d.To, Strategy: d.Strategy}
+	var jobs []api.Job
+	if s.Group {
+		// Its members move as one unit, each in a job of its own.
+		jobs, err = cl.StartGroupMigration(ctx, d.Service, req)
+		if err == nil && len(jobs) == 0 {
+			err = fmt.Errorf("group %s has no member on %s", d.Service, d.From)
+		}
+	} else {
+		var j api.Job
+		j, err = cl.StartMigration(ctx, d.Service, req)
+		jobs = []api.Job{j}
+	}
 	if err != nil {
 		fail(err)
 		return
 	}
-	rec.ID = j.ID
-	c.eng.Started(d.Service, j.ID)
-	if err := c.store.Put(ctx, recInFlight, j.ID, rec); err != nil {
-		c.log.Warn("persist in-flight migration", "id", j.ID, "err", err)
+	rec.ID = jobs[0].ID
+	if s.Group {
+		for _, j := range jobs {
+			rec.Jobs = append(rec.Jobs, j.ID)
+		}
+	}
+	c.eng.Started(d.Service, rec.ID)
+	if err := c.store.Put(ctx, recInFlight, rec.ID, rec); err != nil {
+		c.log.Warn("persist in-flight migration", "id", rec.ID, "err", err)
 	}
 	c.events.publish("migration-started", rec)
 	c.follow(ctx, cl, rec, s.Node)
 }
 
-// follow waits for the migration job rec.ID on its source's agent cl to
-// end, records its result and where the service is (from when it did
-// not move), and forgets the in-flight record.
+// follow waits for the migration job rec.ID (a group's: every job of
+// rec.Jobs) on its source's agent cl to end, records its result and
+// where the service is (from when it did not move), and forgets the
+// in-flight record.
 func (c *Controller) follow(ctx context.Context, cl *api.Client, rec MigrationRecord, from string) {
 	fctx, cancel := context.WithTimeout(ctx, 30*time.Minute)
 	defer cancel()
-	done, err := cl.FollowJob(fctx, rec.ID, func(p api.Progress) {
-		c.events.publish("migration-progress", map[string]any{"id": rec.ID, "service": rec.Service, "progress": p})
-	})
-	var res migration.Result
-	if err == nil && len(done.Result) > 0 {
-		err = json.Unmarshal(done.Result, &res)
+	ids := rec.Jobs
+	if len(ids) == 0 {
+		ids = []string{rec.ID}
 	}
+	var results []migration.Result
+	var err error
+	for _, id := range ids {
+		var done api.Job
+		done, err = cl.FollowJob(fctx, id, func(p api.Progress) {
+			c.events.publish("migration-progress", map[string]any{"id": id, "service": rec.Service, "progress": p})
+		})
+		var r migration.Result
+		if err == nil && len(done.Result) > 0 {
+			err = json.Unmarshal(done.Result, &r)
+		}
+		if err != nil {
+			break
+		}
+		results = append(results, r)
+	}
+	res := unitResult(results)
 	defer func() {
 		if err := c.store.Delete(ctx, recInFlight, rec.ID); err != nil {
 			c.log.Warn("forget in-flight migration", "id", rec.ID, "err", err)
@@ -443,6 +479,35 @@ func (c *Controller) follow(ctx context.Context, cl *api.Client, rec MigrationRe
 	}
 	c.eng.Migrated(rec.Service, at, res.OK, time.Now())
 	c.record(KindMigrations, rec)
+}
+
+// unitResult is the outcome of a migration's jobs, one per member of a
+// group: it moved only if every member did; its downtime and duration
+// are the longest member's (with that member's phases), its bytes all
+// of theirs. One job's result is itself.
+func unitResult(results []migration.Result) migration.Result {
+	if len(results) == 1 {
+		return results[0]
+	}
+	var res migration.Result
+	var errs []string
+	res.OK = len(results) > 0
+	for _, r := range results {
+		if r.DowntimeMs >= res.DowntimeMs {
+			res.DowntimeMs, res.PhasesMs = r.DowntimeMs, r.PhasesMs
+		}
+		res.TotalMs = max(res.TotalMs, r.TotalMs)
+		res.BytesOnWire += r.BytesOnWire
+		if res.Outcome == "" || !r.OK {
+			res.Outcome = r.Outcome
+		}
+		if !r.OK {
+			res.OK = false
+			errs = append(errs, r.Container+": "+r.Error)
+		}
+	}
+	res.Error = strings.Join(errs, "; ")
+	return res
 }
 
 // resumeInFlight follows, after a restart, the migrations the controller
@@ -494,6 +559,7 @@ func (c *Controller) Heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heart
 	if err := c.eng.Heartbeat(hb.Node, hb.Address, hb.LinkBps, hb.Containers, time.Now()); err != nil {
 		return api.HeartbeatReply{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
+	c.eng.Groups(hb.Node, hb.Groups)
 	c.eng.Busy(hb.Migrating)
 	if !wasAlive {
 		c.event("node-alive", fmt.Sprintf("%s heartbeats", hb.Node), map[string]any{"node": hb.Node})

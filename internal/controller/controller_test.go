@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/policy"
 	"github.com/edgehop/edgehop/internal/radio"
 	"github.com/edgehop/edgehop/internal/store"
@@ -294,6 +295,36 @@ func (a oneAgent) Agent(string) (*api.Client, error) {
 	return api.NewTCPClient(strings.TrimPrefix(a.url, "http://"), http.DefaultClient), nil
 }
 
+// resumeOne runs a controller on st, with every agent served at url,
+// until it has recorded one migration (the in-flight one it resumed), and
+// returns that record.
+func resumeOne(t *testing.T, st store.Store, url string) MigrationRecord {
+	t.Helper()
+	ctx := context.Background()
+	c, err := New(ctx, Config{Topology: topo.Line(3, 2, 300), Radio: radio.DefaultModel(), Store: st, Access: &fakeAccess{}, Agents: oneAgent{url}, Tick: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(rctx) }()
+	var got []store.Entry
+	for deadline := time.Now().Add(10 * time.Second); len(got) == 0 && time.Now().Before(deadline); {
+		got, _ = st.History(ctx, KindMigrations, 0, 10)
+		time.Sleep(20 * time.Millisecond)
+	}
+	cancel()
+	<-done
+	if len(got) != 1 {
+		t.Fatalf("history has %d migrations, want the resumed one", len(got))
+	}
+	var rec MigrationRecord
+	if err := json.Unmarshal(got[0].Data, &rec); err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
 // A controller killed while a migration it started ran follows the job
 // to its end after its restart, and records it with the decision's
 // policy and reason.
@@ -323,28 +354,7 @@ func TestResumeInFlightMigration(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer st.Close()
-	c, err := New(ctx, Config{Topology: topo.Line(3, 2, 300), Radio: radio.DefaultModel(), Store: st, Access: &fakeAccess{}, Agents: oneAgent{srv.URL}, Tick: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rctx, cancel := context.WithCancel(ctx)
-	done := make(chan error, 1)
-	go func() { done <- c.Run(rctx) }()
-	var got []store.Entry
-	deadline := time.Now().Add(10 * time.Second)
-	for len(got) == 0 && time.Now().Before(deadline) {
-		got, _ = st.History(ctx, KindMigrations, 0, 10)
-		time.Sleep(20 * time.Millisecond)
-	}
-	cancel()
-	<-done
-	if len(got) != 1 {
-		t.Fatalf("history has %d migrations, want the resumed one", len(got))
-	}
-	var rec MigrationRecord
-	if err := json.Unmarshal(got[0].Data, &rec); err != nil {
-		t.Fatal(err)
-	}
+	rec := resumeOne(t, st, srv.URL)
 	if rec.ID != "m1" || !rec.OK || rec.DowntimeMs != 123 || rec.Reason != "above the threshold" {
 		t.Fatalf("recorded %+v", rec)
 	}
@@ -352,5 +362,77 @@ func TestResumeInFlightMigration(t *testing.T) {
 	_ = st.List(ctx, recInFlight, func(string, json.RawMessage) error { n++; return nil })
 	if n != 0 {
 		t.Fatalf("%d in-flight records left", n)
+	}
+}
+
+// A group's migration is one record over its members' jobs: a restarted
+// controller follows every job, and the record has the longest member's
+// downtime, every member's bytes, and moved only if all did.
+func TestResumeInFlightGroupMigration(t *testing.T) {
+	results := map[string]map[string]any{
+		"m1": {"container": "db", "ok": true, "outcome": "ok", "downtime_ms": 80.0, "total_ms": 900.0, "bytes_on_wire": 1000},
+		"m2": {"container": "web", "ok": true, "outcome": "ok", "downtime_ms": 120.0, "total_ms": 700.0, "bytes_on_wire": 500, "phases_ms": map[string]float64{"dump": 40}},
+	}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		for id, res := range results {
+			if strings.HasSuffix(r.URL.Path, "/v1/migrations/"+id+"/events") {
+				b, _ := json.Marshal(res)
+				_ = json.NewEncoder(w).Encode(api.JobEvent{Done: &api.Job{ID: id, State: "ok", Result: b}})
+				return
+			}
+		}
+		http.NotFound(w, r)
+	}))
+	defer srv.Close()
+	st, err := store.Open(filepath.Join(t.TempDir(), "c.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	ctx := context.Background()
+	if err := st.Put(ctx, recInFlight, "m1", MigrationRecord{ID: "m1", Jobs: []string{"m1", "m2"}, Service: "app", User: "alice", From: "node0", To: "node1",
+		Strategy: "stop-and-copy", Policy: "latency"}); err != nil {
+		t.Fatal(err)
+	}
+	rec := resumeOne(t, st, srv.URL)
+	if !rec.OK || rec.DowntimeMs != 120 || rec.TotalMs != 900 || rec.Bytes != 1500 || rec.PhasesMs["dump"] != 40 {
+		t.Fatalf("recorded %+v", rec)
+	}
+}
+
+func TestUnitResult(t *testing.T) {
+	one := migration.Result{Container: "redis", OK: true, Outcome: migration.OutcomeOK, DowntimeMs: 50}
+	if got := unitResult([]migration.Result{one}); got.DowntimeMs != 50 || !got.OK || got.Container != "redis" {
+		t.Errorf("one job: %+v", got)
+	}
+	failed := unitResult([]migration.Result{one, {Container: "web", OK: false, Outcome: migration.OutcomeRolledBack, Error: "dump failed", DowntimeMs: 30}})
+	if failed.OK || failed.Outcome != migration.OutcomeRolledBack || !strings.Contains(failed.Error, "web: dump failed") || failed.DowntimeMs != 50 {
+		t.Errorf("a member failed: %+v", failed)
+	}
+	if got := unitResult(nil); got.OK {
+		t.Errorf("no job: %+v", got)
+	}
+}
+
+// A service that is a group is placed where its node's agent reports the
+// group whole, and is marked a group (it moves as one).
+func TestEngineGroups(t *testing.T) {
+	e, err := NewEngine(topo.Line(3, 2, 300), radio.DefaultModel(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.AddUser(UserState{Name: "alice"})
+	if err := e.AddService(ServiceState{Name: "app", User: "alice", Node: "node0", Policy: policy.Config{Kind: policy.KindRegion}}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Heartbeat("node1", "", 0, []string{"db", "web"}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := e.Service("app"); s.Group || s.Node != "node0" {
+		t.Fatalf("before any agent reported the group: %+v", s)
+	}
+	e.Groups("node1", []string{"app", "other"})
+	if s, _ := e.Service("app"); !s.Group || s.Node != "node1" {
+		t.Fatalf("after node1 reported it: %+v", s)
 	}
 }

@@ -9,7 +9,9 @@
 // measurements in, policy.Decide for tier 2. Controller does the I/O: it
 // applies handoffs through the Access seam (the testbed moves a client's
 // virtual AP between AP namespaces), starts migration jobs on the source
-// node's agent and records what they report. Handler serves the operator
+// node's agent and records what they report. A service that is a group
+// or pod (Engine.Groups, from the heartbeats) moves as one: its members'
+// jobs are one migration record (unitResult). Handler serves the operator
 // API (described at /openapi.json), the dashboard and a server-sent event
 // stream; AgentHandler serves the agents' heartbeats over mutual TLS.
 //

@@ -58,6 +58,9 @@ type ServiceState struct {
 	Left string `json:"left,omitempty"`
 	// Migrating is the id of the migration under way ("" when none).
 	Migrating string `json:"migrating,omitempty"`
+	// Group: the service is a group (or pod) of containers, as its node's
+	// agent reports it (Engine.Groups); it moves as one.
+	Group bool `json:"group,omitempty"`
 
 	// unplaced: read back from the store by a restarted controller and
 	// not yet seen in an agent's heartbeat, so Node may be stale (a
@@ -144,6 +147,22 @@ func (e *Engine) Heartbeat(node, address string, linkBps float64, containers []s
 		}
 	}
 	return nil
+}
+
+// Groups records the groups (and pods) node's agent reports running
+// whole there: a service of one of these names is that group, runs on
+// node, and moves as one.
+func (e *Engine) Groups(node string, groups []string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, g := range groups {
+		if s, ok := e.services[g]; ok {
+			s.Group = true
+			if s.Migrating == "" {
+				s.Node, s.unplaced = node, false
+			}
+		}
+	}
 }
 
 // Busy records services an agent reports taking part in a migration the

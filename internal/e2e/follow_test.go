@@ -61,21 +61,7 @@ func TestServicesFollowTheirUser(t *testing.T) {
 			if len(rep.Handoffs) < 2 {
 				t.Errorf("%d handoffs across 6 access points", len(rep.Handoffs))
 			}
-			var served []string
-			for _, m := range rep.Migrations {
-				if m.Service != "redis" {
-					continue
-				}
-				t.Logf("  t=%.1fs %s -> %s (%s) downtime %.0f ms ok=%v: %s", m.T, m.From, m.To, m.Strategy, m.DowntimeMs, m.OK, m.Reason)
-				if !m.OK {
-					t.Errorf("migration %s -> %s failed: %s", m.From, m.To, m.Error)
-					continue
-				}
-				if nodeIndex(m.To) <= nodeIndex(m.From) {
-					t.Errorf("migration %s -> %s goes back against the walk", m.From, m.To)
-				}
-				served = append(served, m.To)
-			}
+			served := forwardMigrations(t, rep, "redis")
 			// The throughput policy migrates when the user's throughput
 			// falls under half of what it was next to the origin (H-Container's
 			// absolute threshold). Moved to node1 in the middle region, the
@@ -252,6 +238,29 @@ func (e *env) checkDashboard(t *testing.T, tb, dir string) {
 }
 
 // tail is the last n bytes of s.
+// forwardMigrations checks that every migration of service in a walk's
+// report succeeded and went with the walk (to a higher node, never back),
+// and returns the nodes it moved to, in order.
+func forwardMigrations(t *testing.T, rep follow.Report, service string) []string {
+	t.Helper()
+	var served []string
+	for _, m := range rep.Migrations {
+		if m.Service != service {
+			continue
+		}
+		t.Logf("  t=%.1fs %s -> %s (%s) downtime %.0f ms ok=%v: %s", m.T, m.From, m.To, m.Strategy, m.DowntimeMs, m.OK, m.Reason)
+		if !m.OK {
+			t.Errorf("migration %s -> %s failed: %s", m.From, m.To, m.Error)
+			continue
+		}
+		if nodeIndex(m.To) <= nodeIndex(m.From) {
+			t.Errorf("migration %s -> %s goes back against the walk", m.From, m.To)
+		}
+		served = append(served, m.To)
+	}
+	return served
+}
+
 func tail(s string, n int) string {
 	if len(s) > n {
 		return s[len(s)-n:]

@@ -1,11 +1,15 @@
 package e2e
 
 import (
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/edgehop/edgehop/internal/follow"
+	"github.com/edgehop/edgehop/internal/testutil"
 )
 
 // podCtr is what `edgehop ps --json` says of a pod's member.
@@ -152,4 +156,35 @@ func TestPodDumpFailsRollsBack(t *testing.T) {
 	}
 	e.checkPodListed("after web's failed dump", "node0")
 	e.checkGroupIntact("after web's failed dump", db, web, "node0", link, n, size, 1)
+}
+
+// TestPodFollowsItsUser runs the main job with the followed redis as pod
+// "app", a replica in its namespace replicating over loopback: the
+// controller learns from the agents' heartbeats that "app" is a pod and
+// moves it as one (its members' jobs) as the user walks across the three
+// regions. Every migration of the pod succeeds and goes with the walk, it
+// ends on the last node, no client request fails, and the replica holds
+// every key the client wrote (its loopback link survived every move).
+func TestPodFollowsItsUser(t *testing.T) {
+	e := newEnv(t)
+	testutil.RequireTool(t, "ping")
+	demo := e.startDemo("--policy", "latency", "--speed", "25", "--pod", "app")
+	out, stderr, err := demo.wait()
+	if err != nil {
+		t.Fatalf("demo --pod: %v\n%s\n%s", err, tail(stderr, 3000), tail(out, 2000))
+	}
+	var rep follow.Report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("demo --json: %v\n%s", err, tail(out, 2000))
+	}
+	if rep.Service != "app" {
+		t.Fatalf("the controller followed %q, want the pod", rep.Service)
+	}
+	served := forwardMigrations(t, rep, "app")
+	if len(served) == 0 || served[len(served)-1] != "node2" {
+		t.Errorf("the pod ended on %v, want node2", served)
+	}
+	if rep.ClientErrors != 0 || !rep.DataVerified {
+		t.Errorf("client errors %d %v, data verified (redis and its replica) %v", rep.ClientErrors, rep.ErrorSamples, rep.DataVerified)
+	}
 }

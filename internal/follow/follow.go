@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -46,6 +47,11 @@ type Config struct {
 	// Sequential measures the three placements on three walks, one at a
 	// time, so their loads do not share the machine; otherwise at once.
 	Sequential bool
+	// Pod, when set, makes the followed redis the first member of a pod of
+	// that name, with a replica in its namespace (port 6380, replicating
+	// over loopback): the controller follows the pod, which moves as one,
+	// and the replica must hold every key at the end.
+	Pod string
 	// ReportDir receives report.json and report.html ("" : none).
 	ReportDir string
 	Progress  func(line string)
@@ -95,6 +101,14 @@ func (c Config) trace() (mobility.Trace, float64) {
 	return t, t.Length()
 }
 
+// service is the name the controller follows: the redis, or its pod.
+func (c Config) service() string {
+	if c.Pod != "" {
+		return c.Pod
+	}
+	return followed
+}
+
 // Validate checks the configuration.
 func (c Config) Validate() error {
 	var errs []error
@@ -107,6 +121,9 @@ func (c Config) Validate() error {
 	if c.Walk != "" && c.Walk != WalkLine && c.Walk != WalkBorder {
 		errs = append(errs, fmt.Errorf("unknown walk %q: want %s or %s", c.Walk, WalkLine, WalkBorder))
 	}
+	if c.Pod != "" && (c.Pod == followed || c.Pod == fixedOrig || c.Pod == fixedDest || c.Pod == replica) {
+		errs = append(errs, fmt.Errorf("pod name %q is taken by one of the experiment's containers", c.Pod))
+	}
 	if c.Keys < 1 || c.ValueSize < 16 || c.Conns < 1 {
 		errs = append(errs, errors.New("want keys ≥ 1, value size ≥ 16, conns ≥ 1"))
 	}
@@ -118,14 +135,16 @@ func (c Config) Validate() error {
 
 // Report is what a run shows.
 type Report struct {
-	Testbed     string        `json:"testbed"`
-	Policy      policy.Config `json:"policy"`
-	Walk        string        `json:"walk,omitempty"`
-	WalkMetres  float64       `json:"walk_m"`
-	WalkSeconds float64       `json:"walk_s"`
-	Migrations  []Migration   `json:"migrations"`
-	Handoffs    []Handoff     `json:"handoffs"`
-	Decisions   int           `json:"decisions_logged"`
+	Testbed string        `json:"testbed"`
+	Policy  policy.Config `json:"policy"`
+	// Service is what the controller followed: the redis, or its pod.
+	Service     string      `json:"service"`
+	Walk        string      `json:"walk,omitempty"`
+	WalkMetres  float64     `json:"walk_m"`
+	WalkSeconds float64     `json:"walk_s"`
+	Migrations  []Migration `json:"migrations"`
+	Handoffs    []Handoff   `json:"handoffs"`
+	Decisions   int         `json:"decisions_logged"`
 	// ReturnsHeld counts the logged decisions in which the policy wanted
 	// the service back on the node it had just left and the ping-pong
 	// guard held it.
@@ -193,13 +212,15 @@ type TrackPoint struct {
 	Node string  `json:"node"`
 }
 
-// Names of the three redis instances.
+// Names of the redis instances.
 const (
-	followed  = "redis"        // follows the user
-	fixedOrig = "redis-origin" // stays on the first node
-	fixedDest = "redis-dest"   // stays on the last node
-	user      = "client0"
-	redisPort = "6379"
+	followed    = "redis"         // follows the user
+	fixedOrig   = "redis-origin"  // stays on the first node
+	fixedDest   = "redis-dest"    // stays on the last node
+	replica     = "redis-replica" // with Config.Pod: the followed one's replica, in its pod
+	replicaPort = "6380"
+	user        = "client0"
+	redisPort   = "6379"
 )
 
 // Run brings up a testbed, runs the experiment, writes the report and
@@ -252,12 +273,28 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 	// The services, each with its data.
 	args := []string{"redis-server", "--bind", "0.0.0.0", "--protected-mode", "no", "--save", "", "--appendonly", "no"}
 	addrs := map[string]string{}
+	service := cfg.service()
 	for _, s := range []struct{ name, node, sock string }{{followed, origin.Name, origin.Socket}, {fixedOrig, origin.Name, origin.Socket}, {fixedDest, dest.Name, dest.Socket}} {
-		c, err := api.NewUnixClient(s.sock).Run(ctx, api.RunRequest{Name: s.name, Image: "services", Args: args})
+		req := api.RunRequest{Name: s.name, Image: "services", Args: args}
+		if s.name == followed && cfg.Pod != "" {
+			req.Pod = cfg.Pod
+		}
+		c, err := api.NewUnixClient(s.sock).Run(ctx, req)
 		if err != nil {
 			return nil, fmt.Errorf("run %s on %s: %w", s.name, s.node, err)
 		}
 		addrs[s.name] = c.IP + ":" + redisPort
+	}
+	var replicaAddr string
+	if cfg.Pod != "" {
+		// The replica freezes before the redis it depends on.
+		c, err := api.NewUnixClient(origin.Socket).Run(ctx, api.RunRequest{Name: replica, Image: "services", Pod: cfg.Pod, After: []string{followed},
+			Args: append(slices.Clone(args), "--port", replicaPort, "--replicaof", "127.0.0.1", redisPort)})
+		if err != nil {
+			return nil, fmt.Errorf("run %s in pod %s on %s: %w", replica, cfg.Pod, origin.Name, err)
+		}
+		replicaAddr = c.IP + ":" + replicaPort
+		say("pod %s: %s and its replica %s share one address (%s)", cfg.Pod, followed, replica, c.IP)
 	}
 	say("preloading %d keys of %d bytes into each redis", cfg.Keys, cfg.ValueSize)
 	for name, addr := range addrs {
@@ -294,10 +331,10 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 		pc.MinOps = base / 2
 		say("throughput next to the origin: %.0f op/s; the policy migrates under %.0f op/s", base, pc.MinOps)
 	}
-	rep = &Report{Testbed: cfg.Name, Policy: pc, Walk: cfg.Walk, WalkMetres: walkLen, WalkSeconds: walk.Duration().Seconds(),
+	rep = &Report{Testbed: cfg.Name, Policy: pc, Service: service, Walk: cfg.Walk, WalkMetres: walkLen, WalkSeconds: walk.Duration().Seconds(),
 		Started: started.UTC(), Sequential: cfg.Sequential, Series: map[string][]Sample{}}
 	follow := func() error {
-		if _, err := ctl.AddService(ctx, controller.AddServiceRequest{Name: followed, User: user, Node: origin.Name, Policy: pc}); err != nil {
+		if _, err := ctl.AddService(ctx, controller.AddServiceRequest{Name: service, User: user, Node: origin.Name, Policy: pc}); err != nil {
 			return fmt.Errorf("controller: %w", err)
 		}
 		return waitMeasured(ctx, ctl, cfg.Nodes)
@@ -351,6 +388,14 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 			err = errors.Join(err, verr)
 		}
 	}
+	if l, ok := verifiers[followed]; ok && replicaAddr != "" {
+		// The replica, replicating over the pod's loopback through every
+		// migration, holds the same keys once it has caught up.
+		if verr := verifyReplica(ctx, l, client.NetNSPath, replicaAddr, cfg); verr != nil {
+			rep.DataVerified = false
+			err = errors.Join(err, fmt.Errorf("replica %s: %w", replica, verr))
+		}
+	}
 	if herr := history(ctx, ctl, t0, rep); herr != nil {
 		err = errors.Join(err, herr)
 	}
@@ -398,6 +443,19 @@ func meanLat(s []Sample, until float64) float64 {
 		return 0
 	}
 	return sum / ops
+}
+
+// verifyReplica waits, up to a minute, for the replica at addr to hold
+// every key l wrote to the redis it replicates.
+func verifyReplica(ctx context.Context, l *Load, ns, addr string, cfg Config) error {
+	deadline := time.Now().Add(time.Minute)
+	for {
+		err := l.Verify(ctx, ns, addr, cfg.Keys, cfg.ValueSize)
+		if err == nil || time.Now().After(deadline) || ctx.Err() != nil {
+			return err
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
 }
 
 // reportLoop sends the followed service's throughput and latency to the
@@ -625,7 +683,7 @@ func walkOnce(ctx context.Context, cfg Config, ctl *controller.Client, plane top
 			}
 			if ss, err := ctl.Services(ctx); err == nil {
 				for _, s := range ss {
-					if s.Name == followed {
+					if s.Name == cfg.service() {
 						tp.Node = s.Node
 						if s.Migrating != "" {
 							tp.Node += " (migrating)"
