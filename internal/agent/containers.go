@@ -130,6 +130,29 @@ func (a *Agent) claimWhenFree(ctx context.Context, name string, wait time.Durati
 	}
 }
 
+// groupKey is the busy key of a group's creations: no container name
+// holds a '/'.
+func groupKey(group string) string { return "group/" + group }
+
+// claimGroup waits until no other member of group is being created, then
+// claims the group's creation until release(groupKey(group)).
+func (a *Agent) claimGroup(ctx context.Context, group string) error {
+	for {
+		a.mu.Lock()
+		if !a.busy[groupKey(group)] {
+			a.busy[groupKey(group)] = true
+			a.mu.Unlock()
+			return nil
+		}
+		a.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for another member of %s being created: %w", group, ctx.Err())
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
 func (a *Agent) release(name string) {
 	a.mu.Lock()
 	delete(a.busy, name)
@@ -293,6 +316,14 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 		return api.Container{}, err
 	}
 	defer a.release(r.Name)
+	if g := cmp.Or(r.Pod, r.Group); g != "" {
+		// One member of a group is created at a time: two first members
+		// of a pod racing would each make the pod a namespace.
+		if err := a.claimGroup(ctx, g); err != nil {
+			return api.Container{}, err
+		}
+		defer a.release(groupKey(g))
+	}
 	podNet, owner, err := a.podNet(r)
 	if err != nil {
 		return api.Container{}, err

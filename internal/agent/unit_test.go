@@ -339,3 +339,37 @@ func TestUnitLoopHold(t *testing.T) {
 		t.Fatal("the hold outlived the last member's migration")
 	}
 }
+
+// A group's members are created one at a time: a second claim of the
+// group waits for the first's release, and another group's does not.
+func TestClaimGroup(t *testing.T) {
+	a := &Agent{busy: map[string]bool{}}
+	ctx := context.Background()
+	if err := a.claimGroup(ctx, "app"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.claimGroup(ctx, "shop"); err != nil {
+		t.Fatalf("another group waited: %v", err)
+	}
+	got := make(chan error, 1)
+	go func() { got <- a.claimGroup(ctx, "app") }()
+	select {
+	case err := <-got:
+		t.Fatalf("a second creation in app went ahead (%v)", err)
+	case <-time.After(100 * time.Millisecond):
+	}
+	a.release(groupKey("app"))
+	select {
+	case err := <-got:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second creation still waits after the first's release")
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	cancel()
+	if err := a.claimGroup(cctx, "app"); !errors.Is(err, context.Canceled) {
+		t.Errorf("a cancelled wait: %v", err)
+	}
+}
