@@ -18,6 +18,6 @@
 // pending and still interrupts the restarted call.
 //
 // Only x86-64 tasks in native mode are rewritten; other images are left
-// as they are. An image that does not decode is an error naming it, and
-// an image that needs no change is not written.
+// as they are, and so is an image that does not decode (CRIU refuses it
+// with its own reason). An image that needs no change is not written.
 package criuimg

@@ -41,7 +41,9 @@ var (
 // RestartSyscalls rewrites the core images in dir so that every task the
 // dump recorded as interrupted in a restartable wait issues the same
 // system call again when restored (see the package doc). It returns the
-// number of tasks rewritten.
+// number of tasks rewritten. An image that does not decode as a core
+// image is left as it is, for CRIU to refuse with its own reason; only
+// failing to read or write one is an error.
 func RestartSyscalls(dir string) (int, error) {
 	files, err := filepath.Glob(filepath.Join(dir, "core-*.img"))
 	if err != nil {
@@ -66,17 +68,15 @@ func restartFile(path string) (bool, error) {
 		return false, err
 	}
 	if fi.Size() > maxCoreImage {
-		return false, fmt.Errorf("%s: %d bytes, more than a core image holds", path, fi.Size())
+		return false, nil // not a core image this package knows: CRIU judges it
 	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return false, err
 	}
 	out, changed, err := RestartCore(b)
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", path, err)
-	}
-	if !changed {
+	if err != nil || !changed {
+		// One that does not decode is CRIU's to refuse, with its reason.
 		return false, nil
 	}
 	tmp := path + ".restart"

@@ -187,6 +187,13 @@ func TestRestoreCorruptImages(t *testing.T) {
 			}
 			write(t, filepath.Join(dir, "pstree.img"), data[:len(data)/2])
 		}},
+		{"garbage core image", func(t *testing.T, dir string) {
+			cores, err := filepath.Glob(filepath.Join(dir, "core-*.img"))
+			if err != nil || len(cores) == 0 {
+				t.Fatalf("no core images (%v)", err)
+			}
+			write(t, cores[0], []byte("this is not a core image"))
+		}},
 		{"missing core image", func(t *testing.T, dir string) {
 			cores, err := filepath.Glob(filepath.Join(dir, "core-*.img"))
 			if err != nil || len(cores) == 0 {
