@@ -680,6 +680,10 @@ func (c *checkpoint) wait() error {
 	return c.err
 }
 
+// dumpRemoveWait bounds how long a rollback lets runc finish removing a
+// container CRIU dumped before it is killed.
+const dumpRemoveWait = 5 * time.Second
+
 // gateWait bounds how long runc may take to start, probe CRIU and reach
 // the gate; the service runs meanwhile.
 const gateWait = 30 * time.Second
@@ -1042,6 +1046,19 @@ func (o *outgoing) abortDump() {
 	if ck == nil {
 		return
 	}
+	if !o.req.Strategy.Lazy() {
+		select {
+		case <-ck.ready:
+			// CRIU is done, the service's tasks are gone: runc only
+			// removes the container now. Killed there, it leaves it
+			// half removed (restoreLocal copes, but why make it).
+			select {
+			case <-ck.done:
+			case <-time.After(dumpRemoveWait):
+			}
+		default:
+		}
+	}
 	ck.cancel()
 	if err := ck.wait(); err != nil && o.req.Strategy.Lazy() {
 		o.a.endTCPRepair(o.rec.Container)
@@ -1225,12 +1242,11 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 			return fmt.Errorf("thaw: %w", err)
 		}
 	default:
-		if err == nil {
-			// Stopped: a dump that completed but whose runc was killed
-			// before it removed the container.
-			if derr := a.rt.Delete(ctx, name, true); derr != nil {
-				return fmt.Errorf("remove the dumped container's state: %w", derr)
-			}
+		// The dump completed. Its runc, stopped before or while it
+		// removed the container, may have left it stopped or half
+		// removed; either refuses the restore.
+		if derr := a.rt.RemoveDumped(ctx, name); derr != nil {
+			return fmt.Errorf("remove the dumped container's state: %w", derr)
 		}
 		if _, serr := os.Stat(filepath.Join(imgDir, "inventory.img")); serr != nil {
 			return fmt.Errorf("no checkpoint images in %s to restore from: %w", imgDir, serr)
@@ -1289,13 +1305,13 @@ func (a *Agent) setHandedOver(c *container, v bool) {
 	a.mu.Unlock()
 }
 
-// releaseSource removes the migrated container's remains here (the runc
-// container is already gone after the dump).
+// releaseSource removes the migrated container's remains here (runc
+// normally removed the container after the dump).
 func (a *Agent) releaseSource(ctx context.Context, name string) error {
 	var errs []error
-	if _, err := a.rt.State(ctx, name); err == nil {
-		errs = append(errs, a.rt.Delete(ctx, name, true))
-	}
+	// Stopped or half removed by a runc stopped early, the service
+	// could not come back here under its name.
+	errs = append(errs, a.rt.RemoveDumped(ctx, name))
 	m := a.readMeta(name)
 	errs = append(errs, linux.Unmount(a.rootfs(name)))
 	errs = append(errs, os.RemoveAll(a.dir(name)))

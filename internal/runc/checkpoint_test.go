@@ -324,3 +324,78 @@ func TestRestoreRestartsInterruptedWait(t *testing.T) {
 		t.Errorf("the restored wait ended after %v: it did not wait again", waited)
 	}
 }
+
+// A runc stopped right after CRIU wrote the last image (the moment a
+// migration ships the images, and the moment a failed send rolls back)
+// is killed while it removes the dumped container: it may leave it
+// stopped, half removed (no state.json, runc refuses the id), or gone.
+// RemoveDumped clears each, so the service can be restored under its id.
+func TestRestoreAfterCheckpointKilledRemoving(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	requireCRIU(t, r)
+	ns := testutil.NewNetNS(t, "rckr")
+	id := testutil.UniqueName("kr")
+	spec := testSpec(t, ns, counterArgs...)
+	bundle := writeBundle(t, spec)
+	var out syncBuffer
+	if _, err := r.Run(ctx, id, bundle, runc.IO{Stdout: &out, Stderr: &out}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = r.Delete(context.Background(), id, true) })
+	waitCount(t, &out, 3)
+	seen := map[string]int{}
+	const rounds = 12
+	for i := range rounds + 1 {
+		images := filepath.Join(t.TempDir(), "images")
+		cctx, cancel := context.WithCancel(ctx)
+		// Killed at once, or a little later: runc removes the container
+		// within a millisecond or so of the last image.
+		ready := func() { time.AfterFunc(time.Duration(i)*100*time.Microsecond, cancel) }
+		if i == rounds {
+			ready = nil // the last round's runc completes ...
+		}
+		err := r.Checkpoint(cctx, id, runc.CheckpointOpts{ImagePath: images, WorkPath: images, Ready: ready})
+		cancel()
+		if i == rounds {
+			if err != nil {
+				t.Fatal(err)
+			}
+			// ... and its state directory is made again, as one killed
+			// in its last removal leaves it: empty.
+			if err := os.Mkdir(filepath.Join(r.Root, id), 0o711); err != nil {
+				t.Fatal(err)
+			}
+		}
+		left := "gone"
+		if _, serr := r.State(ctx, id); serr == nil {
+			left = "stopped"
+		} else if _, derr := os.Stat(filepath.Join(r.Root, id)); derr == nil {
+			left = "half removed"
+		}
+		seen[left]++
+		t.Logf("round %d: checkpoint: err %v; container %s", i, err, left)
+		if _, serr := os.Stat(filepath.Join(images, "inventory.img")); serr != nil {
+			t.Fatalf("round %d: no images after the dump: %v", i, serr)
+		}
+		if err := r.RemoveDumped(ctx, id); err != nil {
+			t.Fatalf("round %d: remove dumped (%s): %v", i, left, err)
+		}
+		last := out.ints(t)
+		if _, err := r.Restore(ctx, id, bundle, runc.RestoreOpts{ImagePath: images, WorkPath: images + "-r"}, runc.IO{Stdout: &out, Stderr: &out}); err != nil {
+			t.Fatalf("round %d: restore after a checkpoint killed while removing (%s): %v", i, left, err)
+		}
+		n := last[len(last)-1]
+		testutil.Eventually(t, 5*time.Second, func() error {
+			if got := out.ints(t); got[len(got)-1] < n+2 {
+				return fmt.Errorf("counter at %d, want past %d", got[len(got)-1], n+1)
+			}
+			return nil
+		})
+	}
+	t.Logf("left behind by the killed runc: %v", seen)
+	// A running container is not a dumped one.
+	if err := r.RemoveDumped(ctx, id); err == nil {
+		t.Error("RemoveDumped removed a running container")
+	}
+}

@@ -121,6 +121,11 @@ func (r *Runtime) checkRoot() error {
 
 // stateExists reports whether runc has state for id under Root. runc keeps
 // one directory per container holding state.json.
+// validID reports whether id can name a directory under Root.
+func validID(id string) bool {
+	return id != "" && id != "." && id != ".." && !strings.ContainsAny(id, "/\x00")
+}
+
 func (r *Runtime) stateExists(id string) bool {
 	_, err := os.Stat(filepath.Join(r.Root, id, "state.json"))
 	return err == nil
@@ -412,7 +417,7 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 		args = append(args, "--force")
 	}
 	_, err := r.exec(ctx, invocation{op: "delete", id: id, args: args})
-	if force && id != "" && !strings.ContainsAny(id, "/\x00") && !r.stateExists(id) {
+	if force && validID(id) && !r.stateExists(id) {
 		// A runc killed while creating or restoring leaves its state
 		// directory without state.json: runc cannot delete what it
 		// cannot load, and refuses a new container of that id.
@@ -428,6 +433,33 @@ func (r *Runtime) Delete(ctx context.Context, id string, force bool) error {
 		r.endStreams(ctx, id)
 	}
 	return err
+}
+
+// RemoveDumped removes what runc left of container id after a dump that
+// completed, so the id can be restored: the stopped container of a runc
+// stopped before it removed it, or the state directory without
+// state.json of one killed while removing it (runc then neither loads
+// nor deletes the container, and refuses to restore that id). A
+// container gone already is no error; a running or paused one is
+// refused, its processes were not dumped.
+func (r *Runtime) RemoveDumped(ctx context.Context, id string) error {
+	st, err := r.State(ctx, id)
+	switch {
+	case err == nil && (st.Status == StatusRunning || st.Status == StatusPaused):
+		return fmt.Errorf("remove dumped container %s: it is %s, not dumped", id, st.Status)
+	case err != nil && !errors.Is(err, ErrNotFound):
+		return err
+	case err != nil && !validID(id):
+		return nil
+	case err != nil:
+		if _, serr := os.Lstat(filepath.Join(r.Root, id)); errors.Is(serr, os.ErrNotExist) {
+			return nil // removed, the usual end of a dump
+		}
+	}
+	if err := r.Delete(ctx, id, true); err != nil && !errors.Is(err, ErrNotFound) {
+		return err
+	}
+	return nil
 }
 
 // Pause freezes every process of the container (its freezer cgroup).
