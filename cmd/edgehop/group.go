@@ -2,10 +2,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"sort"
-	"strings"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
@@ -97,19 +95,16 @@ func migrateGroup(ctx context.Context, st *testbed.State, group string, members 
 	if res.Members, err = runGroupJobs(fctx, clients[from], group, r); err != nil {
 		return err
 	}
-	var moved, failed []string
-	for _, m := range res.Members {
-		res.DowntimeMs = max(res.DowntimeMs, m.DowntimeMs)
-		res.TotalMs = max(res.TotalMs, m.TotalMs)
-		if m.OK {
-			moved = append(moved, m.Container)
-		} else {
-			failed = append(failed, fmt.Sprintf("%s: %s", m.Container, m.Error))
-		}
-	}
-	res.OK = len(failed) == 0
+	unit := migration.UnitResult(res.Members)
+	res.OK, res.DowntimeMs, res.TotalMs = unit.OK, unit.DowntimeMs, unit.TotalMs
 	if !res.OK {
-		res.Error = "the group stays on " + from + ": " + strings.Join(failed, "; ")
+		res.Error = "the group stays on " + from + ": " + unit.Error
+		var moved []string
+		for _, m := range res.Members {
+			if m.OK {
+				moved = append(moved, m.Container)
+			}
+		}
 		if len(moved) > 0 {
 			// Restored there after the unit committed, while another
 			// member's restore failed: move them back, as one.
@@ -157,13 +152,9 @@ func runGroupJobs(ctx context.Context, client *api.Client, group string, r api.M
 func groupResults(jobs []api.Job) ([]migration.Result, error) {
 	out := make([]migration.Result, len(jobs))
 	for i, j := range jobs {
-		if len(j.Result) > 0 {
-			if err := json.Unmarshal(j.Result, &out[i]); err != nil {
-				return nil, fmt.Errorf("result of %s: %w", j.Container, err)
-			}
-		}
-		if out[i].Container == "" {
-			out[i].Container, out[i].Error = j.Container, "ended "+j.State
+		var err error
+		if out[i], err = j.MigrationResult(); err != nil {
+			return nil, err
 		}
 	}
 	return out, nil

@@ -116,15 +116,21 @@ func (a *Agent) claim(name string, mustExist bool) (*container, error) {
 // until CRIU's lazy-pages daemon exits, which can be a little after the
 // source, and so the CLI, reported the migration done.
 func (a *Agent) claimWhenFree(ctx context.Context, name string, wait time.Duration) (*container, error) {
+	return whenFree(ctx, wait, func() (*container, error) { return a.claim(name, true) })
+}
+
+// whenFree calls try until it does not fail with ErrConflict, ctx ends,
+// or (when wait > 0) wait has passed: then it returns try's last failure.
+func whenFree[T any](ctx context.Context, wait time.Duration, try func() (T, error)) (T, error) {
 	deadline := time.Now().Add(wait)
 	for {
-		c, err := a.claim(name, true)
-		if err == nil || !errors.Is(err, ErrConflict) || time.Now().After(deadline) {
-			return c, err
+		v, err := try()
+		if err == nil || !errors.Is(err, ErrConflict) || (wait > 0 && time.Now().After(deadline)) {
+			return v, err
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return v, ctx.Err()
 		case <-time.After(10 * time.Millisecond):
 		}
 	}
@@ -137,20 +143,19 @@ func groupKey(group string) string { return "group/" + group }
 // claimGroup waits until no other member of group is being created, then
 // claims the group's creation until release(groupKey(group)).
 func (a *Agent) claimGroup(ctx context.Context, group string) error {
-	for {
+	_, err := whenFree(ctx, 0, func() (struct{}, error) {
 		a.mu.Lock()
-		if !a.busy[groupKey(group)] {
-			a.busy[groupKey(group)] = true
-			a.mu.Unlock()
-			return nil
+		defer a.mu.Unlock()
+		if a.busy[groupKey(group)] {
+			return struct{}{}, ErrConflict
 		}
-		a.mu.Unlock()
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("wait for another member of %s being created: %w", group, ctx.Err())
-		case <-time.After(10 * time.Millisecond):
-		}
+		a.busy[groupKey(group)] = true
+		return struct{}{}, nil
+	})
+	if err != nil {
+		return fmt.Errorf("wait for another member of %s being created: %w", group, err)
 	}
+	return nil
 }
 
 func (a *Agent) release(name string) {

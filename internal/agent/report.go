@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/netip"
+	"sort"
 	"sync"
 	"time"
 
@@ -78,33 +79,32 @@ func (a *Agent) reportLoop(ctx context.Context) {
 	}
 }
 
-// controllerCertName is the name in the controller's certificate.
-const controllerCertName = "controller"
-
-func (r *reporter) beat(ctx context.Context) error {
-	a := r.a
-	hb := api.Heartbeat{Node: a.cfg.Node, Address: a.cfg.VTEP.String()}
-	migrating := map[string]bool{}
-	for _, j := range a.jobs.all() {
-		if _, ended, _ := j.snapshot(a.cfg.Node); !ended {
-			migrating[j.container] = true
-		}
-	}
+// heartbeatOf is the heartbeat of node: cs are its containers, migrating
+// those taking part in a migration job. A container runs here for the
+// controller when it runs and does not migrate; a group (or pod) when
+// every member here does; the groups of a migrating member migrate. Each
+// container and group that runs here reports its resident memory (a
+// group's, its members' sum): what its migration would move.
+func heartbeatOf(node, address string, cs []api.Container, migrating map[string]bool) api.Heartbeat {
+	hb := api.Heartbeat{Node: node, Address: address}
 	for name := range migrating {
 		hb.Migrating = append(hb.Migrating, name)
 	}
 	whole := map[string]bool{}  // group -> every member here runs, none migrating
 	moving := map[string]bool{} // groups with a member migrating
-	for _, c := range a.List(ctx) {
+	mem := map[string]int64{}
+	for _, c := range cs {
 		running := c.Status == string(runc.StatusRunning) && !migrating[c.Name]
 		if running {
 			hb.Containers = append(hb.Containers, c.Name)
+			mem[c.Name] = c.MemoryBytes
 		}
 		if c.Group == "" {
 			continue
 		}
 		ok, seen := whole[c.Group]
 		whole[c.Group] = running && (ok || !seen)
+		mem[groupKey(c.Group)] += c.MemoryBytes
 		if migrating[c.Name] {
 			moving[c.Group] = true
 		}
@@ -117,6 +117,42 @@ func (r *reporter) beat(ctx context.Context) error {
 	for g := range moving {
 		hb.Migrating = append(hb.Migrating, g)
 	}
+	for _, name := range hb.Containers {
+		if mem[name] > 0 {
+			setMemory(&hb, name, mem[name])
+		}
+	}
+	for _, g := range hb.Groups {
+		if m := mem[groupKey(g)]; m > 0 {
+			// A group named as one of its members is the service of
+			// that name (the controller moves it whole).
+			setMemory(&hb, g, m)
+		}
+	}
+	sort.Strings(hb.Migrating)
+	sort.Strings(hb.Groups)
+	return hb
+}
+
+func setMemory(hb *api.Heartbeat, name string, b int64) {
+	if hb.MemoryBytes == nil {
+		hb.MemoryBytes = map[string]int64{}
+	}
+	hb.MemoryBytes[name] = b
+}
+
+// controllerCertName is the name in the controller's certificate.
+const controllerCertName = "controller"
+
+func (r *reporter) beat(ctx context.Context) error {
+	a := r.a
+	migrating := map[string]bool{}
+	for _, j := range a.jobs.all() {
+		if _, ended, _ := j.snapshot(a.cfg.Node); !ended {
+			migrating[j.container] = true
+		}
+	}
+	hb := heartbeatOf(a.cfg.Node, a.cfg.VTEP.String(), a.List(ctx), migrating)
 	r.mu.Lock()
 	hb.UserRTTMs, hb.NeighbourRTTMs = r.users, r.nodes
 	r.users, r.nodes = nil, nil

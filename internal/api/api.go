@@ -13,6 +13,8 @@ import (
 	"net/url"
 	"sync"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/migration"
 )
 
 // RunRequest asks an agent to create and start a container.
@@ -461,6 +463,23 @@ type Job struct {
 	Result json.RawMessage `json:"result,omitempty"`
 }
 
+// MigrationResult decodes the result of an ended migration job. A job
+// that ended without one yields a failed result naming its container and
+// how the job ended; a result that does not decode is an error.
+func (j Job) MigrationResult() (migration.Result, error) {
+	var r migration.Result
+	if len(j.Result) == 0 {
+		r.ID, r.Container, r.From, r.To = j.ID, j.Container, j.From, j.To
+		r.Outcome = migration.Outcome(j.State)
+		r.Error = "the job ended " + j.State + " without a result"
+		return r, nil
+	}
+	if err := json.Unmarshal(j.Result, &r); err != nil {
+		return r, fmt.Errorf("result of migration job %s (%s): %w", j.ID, j.Container, err)
+	}
+	return r, nil
+}
+
 // JobEvent is one line of a job's event stream: progress, then the job as
 // it ended.
 type JobEvent struct {
@@ -490,6 +509,10 @@ type Heartbeat struct {
 	// containers: where they run is about to change, and they are not in
 	// Containers or Groups.
 	Migrating []string `json:"migrating,omitempty"`
+	// MemoryBytes is the resident memory of each container in Containers
+	// and each group in Groups (its members' sum), from their memory
+	// cgroups: what migrating it would move.
+	MemoryBytes map[string]int64 `json:"memory_bytes,omitempty"`
 	// NeighbourRTTMs and UserRTTMs are the agent's latest measurements
 	// (nil: none since the last heartbeat).
 	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`

@@ -406,21 +406,21 @@ func (e *env) cloudhopperRun(ctx context.Context, cfg CloudhopperConfig, app *wp
 	if merr != nil {
 		return run, fmt.Errorf("migrate the group: %w", merr)
 	}
-	run.OK = true
-	for _, j := range jobs {
-		var r migration.Result
-		if len(j.Result) == 0 || json.Unmarshal(j.Result, &r) != nil {
-			r = migration.Result{Container: j.Container, Error: "ended " + j.State}
+	members := make([]migration.Result, len(jobs))
+	for i, j := range jobs {
+		r, err := j.MigrationResult()
+		if err != nil {
+			return run, err
 		}
-		run.DowntimeMs, run.TotalMs = max(run.DowntimeMs, r.DowntimeMs), max(run.TotalMs, r.TotalMs)
-		run.BytesOnWire += r.BytesOnWire
-		run.ForwardedConnections += r.ForwardedConnections
+		members[i] = r
 		run.Members = append(run.Members, CloudhopperMember{Name: r.Container, DowntimeMs: r.DowntimeMs, TotalMs: r.TotalMs,
 			BytesOnWire: r.BytesOnWire, StateBytes: r.StateBytes, PhasesMs: r.PhasesMs, Restore: r.Destination})
-		if !r.OK {
-			run.OK = false
-			run.Error = errors.Join(errorOrNil(run.Error), fmt.Errorf("%s: %s", r.Container, r.Error)).Error()
-		}
+	}
+	unit := migration.UnitResult(members)
+	run.OK, run.DowntimeMs, run.TotalMs = unit.OK, unit.DowntimeMs, unit.TotalMs
+	run.BytesOnWire, run.ForwardedConnections = unit.BytesOnWire, unit.ForwardedConnections
+	if !unit.OK {
+		run.Error = errors.Join(errorOrNil(run.Error), errors.New(unit.Error)).Error()
 	}
 	if run.OK {
 		app.node = to

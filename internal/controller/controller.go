@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"strings"
 	"sync"
 	"time"
 
@@ -450,15 +449,15 @@ func (c *Controller) follow(ctx context.Context, cl *api.Client, rec MigrationRe
 			c.events.publish("migration-progress", map[string]any{"id": id, "service": rec.Service, "progress": p})
 		})
 		var r migration.Result
-		if err == nil && len(done.Result) > 0 {
-			err = json.Unmarshal(done.Result, &r)
+		if err == nil {
+			r, err = done.MigrationResult()
 		}
 		if err != nil {
 			break
 		}
 		results = append(results, r)
 	}
-	res := unitResult(results)
+	res := migration.UnitResult(results)
 	defer func() {
 		if err := c.store.Delete(ctx, recInFlight, rec.ID); err != nil {
 			c.log.Warn("forget in-flight migration", "id", rec.ID, "err", err)
@@ -479,35 +478,6 @@ func (c *Controller) follow(ctx context.Context, cl *api.Client, rec MigrationRe
 	}
 	c.eng.Migrated(rec.Service, at, res.OK, time.Now())
 	c.record(KindMigrations, rec)
-}
-
-// unitResult is the outcome of a migration's jobs, one per member of a
-// group: it moved only if every member did; its downtime and duration
-// are the longest member's (with that member's phases), its bytes all
-// of theirs. One job's result is itself.
-func unitResult(results []migration.Result) migration.Result {
-	if len(results) == 1 {
-		return results[0]
-	}
-	var res migration.Result
-	var errs []string
-	res.OK = len(results) > 0
-	for _, r := range results {
-		if r.DowntimeMs >= res.DowntimeMs {
-			res.DowntimeMs, res.PhasesMs = r.DowntimeMs, r.PhasesMs
-		}
-		res.TotalMs = max(res.TotalMs, r.TotalMs)
-		res.BytesOnWire += r.BytesOnWire
-		if res.Outcome == "" || !r.OK {
-			res.Outcome = r.Outcome
-		}
-		if !r.OK {
-			res.OK = false
-			errs = append(errs, r.Container+": "+r.Error)
-		}
-	}
-	res.Error = strings.Join(errs, "; ")
-	return res
 }
 
 // resumeInFlight follows, after a restart, the migrations the controller
@@ -560,6 +530,7 @@ func (c *Controller) Heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heart
 		return api.HeartbeatReply{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
 	c.eng.Groups(hb.Node, hb.Groups)
+	c.eng.Memory(hb.Node, hb.MemoryBytes)
 	c.eng.Busy(hb.Migrating)
 	if !wasAlive {
 		c.event("node-alive", fmt.Sprintf("%s heartbeats", hb.Node), map[string]any{"node": hb.Node})

@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
-	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/policy"
 	"github.com/edgehop/edgehop/internal/radio"
 	"github.com/edgehop/edgehop/internal/store"
@@ -400,20 +399,6 @@ func TestResumeInFlightGroupMigration(t *testing.T) {
 	}
 }
 
-func TestUnitResult(t *testing.T) {
-	one := migration.Result{Container: "redis", OK: true, Outcome: migration.OutcomeOK, DowntimeMs: 50}
-	if got := unitResult([]migration.Result{one}); got.DowntimeMs != 50 || !got.OK || got.Container != "redis" {
-		t.Errorf("one job: %+v", got)
-	}
-	failed := unitResult([]migration.Result{one, {Container: "web", OK: false, Outcome: migration.OutcomeRolledBack, Error: "dump failed", DowntimeMs: 30}})
-	if failed.OK || failed.Outcome != migration.OutcomeRolledBack || !strings.Contains(failed.Error, "web: dump failed") || failed.DowntimeMs != 50 {
-		t.Errorf("a member failed: %+v", failed)
-	}
-	if got := unitResult(nil); got.OK {
-		t.Errorf("no job: %+v", got)
-	}
-}
-
 // A service that is a group is placed where its node's agent reports the
 // group whole, and is marked a group (it moves as one).
 func TestEngineGroups(t *testing.T) {
@@ -434,5 +419,53 @@ func TestEngineGroups(t *testing.T) {
 	e.Groups("node1", []string{"app", "other"})
 	if s, _ := e.Service("app"); !s.Group || s.Node != "node1" {
 		t.Fatalf("after node1 reported it: %+v", s)
+	}
+}
+
+// The model predicts a migration from the memory the service's agent
+// measures (a group's: its members' sum), not the operator's guess.
+func TestModelUsesMeasuredMemory(t *testing.T) {
+	c, _ := newTestController(t, ":memory:")
+	ctx := context.Background()
+	if _, err := c.AddUser(ctx, "alice", "172.31.0.2", topo.Point{X: 20}); err != nil {
+		t.Fatal(err)
+	}
+	feed(t, c, "alice", topo.Point{X: 20})
+	if _, err := c.AddService(ctx, ServiceState{Name: "app", User: "alice", Node: "node0", MemoryBytes: 1 << 20,
+		Policy: policy.Config{Kind: policy.KindModel, DowntimeTargetMs: 1e6, MinDwell: time.Millisecond}}); err != nil {
+		t.Fatal(err)
+	}
+	const measured = 300 << 20
+	// node1 reports nothing of app (not there); node0 runs it whole.
+	if _, err := c.Heartbeat(ctx, api.Heartbeat{Node: "node1", MemoryBytes: map[string]int64{"app": 5 << 30}}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Heartbeat(ctx, api.Heartbeat{Node: "node0", Containers: []string{"db", "web"}, Groups: []string{"app"},
+		MemoryBytes: map[string]int64{"db": measured - 100<<20, "web": 100 << 20, "app": measured}}); err != nil {
+		t.Fatal(err)
+	}
+	if s, _ := c.eng.Service("app"); s.MeasuredBytes != measured || !s.Group {
+		t.Fatalf("service after node0's heartbeat: %+v", s)
+	}
+	var moved *policy.Decision
+	for x := 20.0; x <= 880 && moved == nil; x += 40 {
+		feed(t, c, "alice", topo.Point{X: x})
+		res, err := c.Move(ctx, "alice", topo.Point{X: x})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range res.Decisions {
+			if d.Migrate {
+				moved = &d
+			}
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	c.wg.Wait()
+	if moved == nil {
+		t.Fatal("the model never moved the service")
+	}
+	if moved.Inputs.StateBytes != measured || moved.Inputs.PredictedTotalMs <= 0 {
+		t.Errorf("decision predicted from %v bytes (total %.0f ms), want the measured %d", moved.Inputs.StateBytes, moved.Inputs.PredictedTotalMs, measured)
 	}
 }

@@ -11,8 +11,11 @@
 // virtual AP between AP namespaces), starts migration jobs on the source
 // node's agent and records what they report. A service that is a group
 // or pod (Engine.Groups, from the heartbeats) moves as one: its members'
-// jobs are one migration record (unitResult). Handler serves the operator
-// API (described at /openapi.json), the dashboard and a server-sent event
+// jobs are one migration record (migration.UnitResult). The model
+// predicts a migration from the memory the service's agent measures
+// (Engine.Memory; a group's is its members' sum), the operator's declared
+// memory only until one is reported. Handler serves the operator API
+// (described at /openapi.json), the dashboard and a server-sent event
 // stream; AgentHandler serves the agents' heartbeats over mutual TLS.
 //
 // It must not reach into nodes: agents own their containers.

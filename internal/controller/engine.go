@@ -47,13 +47,18 @@ type UserState struct {
 
 // ServiceState is a service that follows a user.
 type ServiceState struct {
-	Name          string        `json:"name"`
-	User          string        `json:"user"`
-	Node          string        `json:"node"`
-	Policy        policy.Config `json:"policy"`
-	MemoryBytes   int64         `json:"memory_bytes,omitempty"`
-	DirtyRate     float64       `json:"dirty_rate,omitempty"`
-	LastMigration time.Time     `json:"last_migration"`
+	Name   string        `json:"name"`
+	User   string        `json:"user"`
+	Node   string        `json:"node"`
+	Policy policy.Config `json:"policy"`
+	// MemoryBytes is the memory the operator declared; MeasuredBytes the
+	// resident memory its node's agent last reported (a group's, its
+	// members' sum). The model predicts from the measured when there is
+	// one.
+	MemoryBytes   int64     `json:"memory_bytes,omitempty"`
+	MeasuredBytes int64     `json:"measured_memory_bytes,omitempty"`
+	DirtyRate     float64   `json:"dirty_rate,omitempty"`
+	LastMigration time.Time `json:"last_migration"`
 	// Left is the node the service last migrated away from.
 	Left string `json:"left,omitempty"`
 	// Migrating is the id of the migration under way ("" when none).
@@ -163,6 +168,28 @@ func (e *Engine) Groups(node string, groups []string) {
 			}
 		}
 	}
+}
+
+// Memory records the resident memory node's agent reports for the
+// services running there (api.Heartbeat.MemoryBytes). A service elsewhere,
+// or migrating, keeps what its own node last reported.
+func (e *Engine) Memory(node string, mem map[string]int64) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for name, b := range mem {
+		if s, ok := e.services[name]; ok && s.Node == node && s.Migrating == "" && b > 0 {
+			s.MeasuredBytes = b
+		}
+	}
+}
+
+// memoryLocked is the state the model predicts a migration of s from: the
+// measured memory, or the declared one before any was measured.
+func memoryLocked(s *ServiceState) int64 {
+	if s.MeasuredBytes > 0 {
+		return s.MeasuredBytes
+	}
+	return s.MemoryBytes
 }
 
 // Busy records services an agent reports taking part in a migration the
@@ -361,7 +388,7 @@ func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool
 		return policy.Decision{}, false
 	}
 	v := policy.View{Now: now, Topo: e.topo, Nodes: e.nodeLocked, Params: e.params,
-		Service: policy.Service{Name: s.Name, Node: s.Node, MemoryBytes: s.MemoryBytes, DirtyRate: s.DirtyRate, LastMigration: s.LastMigration,
+		Service: policy.Service{Name: s.Name, Node: s.Node, MemoryBytes: memoryLocked(s), DirtyRate: s.DirtyRate, LastMigration: s.LastMigration,
 			Left: s.Left, ReturnWanted: s.returnWanted, Config: s.Policy},
 		User: policy.User{Name: u.Name, Pos: u.Pos, AP: u.AP, Region: u.Region, RTTMs: u.RTTMs, ThroughputOps: u.ThroughputOps, LatencyMs: u.LatencyMs}}
 	d := policy.Decide(v)

@@ -172,6 +172,47 @@ type Result struct {
 	Recovered bool    `json:"recovered,omitempty"` // settled by an agent that restarted mid-migration
 }
 
+// UnitResult folds the results of a unit's members (a group's or pod's
+// jobs, one per member) into the unit's. The unit moved only if every
+// member did; its downtime is the longest member's, with that member's
+// phases; its total time the longest; bytes and forwarded connections add
+// up; its outcome is the first failing member's, and its error names
+// each failing member. One result is returned as it is; none is a failure.
+func UnitResult(members []Result) Result {
+	if len(members) == 1 {
+		return members[0]
+	}
+	res := Result{OK: len(members) > 0}
+	var errs []string
+	for i, r := range members {
+		if i == 0 {
+			res.ID, res.From, res.To, res.Strategy, res.Started = r.ID, r.From, r.To, r.Strategy, r.Started
+		}
+		if r.DowntimeMs >= res.DowntimeMs {
+			res.DowntimeMs, res.PhasesMs = r.DowntimeMs, r.PhasesMs
+		}
+		res.TotalMs = max(res.TotalMs, r.TotalMs)
+		res.SourceFreeMs = max(res.SourceFreeMs, r.SourceFreeMs)
+		res.BytesOnWire += r.BytesOnWire
+		res.StateBytes += r.StateBytes
+		res.HeldPackets += r.HeldPackets
+		res.ForwardedConnections += r.ForwardedConnections
+		if res.Outcome == "" || (!r.OK && res.OK) {
+			res.Outcome = r.Outcome
+		}
+		if !r.OK {
+			res.OK = false
+			errs = append(errs, r.Container+": "+r.Error)
+		}
+	}
+	if len(members) == 0 {
+		errs = append(errs, "no member migrated")
+	}
+	res.Error = strings.Join(errs, "; ")
+	res.RolledBack = res.Outcome == OutcomeRolledBack
+	return res
+}
+
 // Timer records consecutive phases. Not safe for concurrent use.
 type Timer struct {
 	start   time.Time

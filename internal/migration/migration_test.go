@@ -58,3 +58,28 @@ func TestRestoreDeadline(t *testing.T) {
 		t.Error("negative sizes must count as zero")
 	}
 }
+
+func TestUnitResult(t *testing.T) {
+	one := Result{Container: "redis", OK: true, Outcome: OutcomeOK, DowntimeMs: 50}
+	if got := UnitResult([]Result{one}); got.DowntimeMs != 50 || !got.OK || got.Container != "redis" {
+		t.Errorf("one member: %+v", got)
+	}
+	db := Result{Container: "db", OK: true, Outcome: OutcomeOK, DowntimeMs: 80, TotalMs: 900, BytesOnWire: 10, StateBytes: 7,
+		ForwardedConnections: 1, PhasesMs: map[string]float64{"dump": 40}}
+	web := Result{Container: "web", OK: true, Outcome: OutcomeOK, DowntimeMs: 60, TotalMs: 1200, BytesOnWire: 5, StateBytes: 3,
+		ForwardedConnections: 2, PhasesMs: map[string]float64{"dump": 30}}
+	got := UnitResult([]Result{db, web})
+	if !got.OK || got.Outcome != OutcomeOK || got.Error != "" || got.DowntimeMs != 80 || got.PhasesMs["dump"] != 40 ||
+		got.TotalMs != 1200 || got.BytesOnWire != 15 || got.StateBytes != 10 || got.ForwardedConnections != 3 {
+		t.Errorf("two members moved: %+v", got)
+	}
+	web.OK, web.Outcome, web.Error = false, OutcomeRolledBack, "dump failed"
+	failed := UnitResult([]Result{db, web, {Container: "cache", Outcome: OutcomeLost, Error: "restore failed"}})
+	if failed.OK || failed.Outcome != OutcomeRolledBack || !failed.RolledBack ||
+		failed.Error != "web: dump failed; cache: restore failed" || failed.DowntimeMs != 80 {
+		t.Errorf("members failed: %+v", failed)
+	}
+	if got := UnitResult(nil); got.OK || got.Error == "" {
+		t.Errorf("no member: %+v", got)
+	}
+}

@@ -224,6 +224,7 @@ type Inputs struct {
 	ThroughputOps        float64 `json:"throughput_ops,omitempty"`
 	DowntimeTargetMs     float64 `json:"downtime_target_ms,omitempty"`
 	BandwidthBps         float64 `json:"bandwidth_bps,omitempty"`
+	StateBytes           float64 `json:"state_bytes,omitempty"` // what the model predicts moving
 	PredictedDowntimeMs  float64 `json:"predicted_downtime_ms,omitempty"`
 	PredictedTotalMs     float64 `json:"predicted_total_ms,omitempty"`
 	SinceLastMigrationS  float64 `json:"since_last_migration_s,omitempty"`
@@ -522,8 +523,9 @@ func modelDriven(v View, c Config, d Decision) Decision {
 			by[s] = v.Params(s)
 		}
 	}
+	d.Inputs.StateBytes = float64(max(v.Service.MemoryBytes, 1<<20))
 	res, err := model.Plan(params, model.Request{
-		Inputs:        model.Inputs{StateBytes: float64(max(v.Service.MemoryBytes, 1<<20)), DirtyRate: v.Service.DirtyRate, BandwidthBps: bw, RTTMs: v.node(v.Service.Node).NeighbourRTTMs[to]},
+		Inputs:        model.Inputs{StateBytes: d.Inputs.StateBytes, DirtyRate: v.Service.DirtyRate, BandwidthBps: bw, RTTMs: v.node(v.Service.Node).NeighbourRTTMs[to]},
 		MaxDowntimeMs: c.DowntimeTargetMs, Strategies: implemented, ByStrategy: by,
 	})
 	d.Inputs.DowntimeTargetMs = c.DowntimeTargetMs
