@@ -14,6 +14,9 @@
  *    Anything else, or the agent gone, calls the dump off: this program
  *    exits and runc fails the checkpoint without CRIU having touched the
  *    container.
+ *  - A restore request waits at such a gate too, when the agent gives
+ *    one: runc starts, mounts and prepares while the images are still on
+ *    their way, and CRIU starts once they are all here.
  *
  * Every other invocation, and any request it cannot read, goes to the real
  * criu unchanged (execv with the same arguments and descriptors); the type
@@ -35,7 +38,7 @@
 #include <unistd.h>
 
 /* criu_req_type (criu/images/rpc.proto). */
-enum { REQ_DUMP = 1, REQ_VERSION = 10 };
+enum { REQ_DUMP = 1, REQ_RESTORE = 2, REQ_VERSION = 10 };
 
 static void run_criu(const char *criu, char **argv)
 {
@@ -118,7 +121,7 @@ static void await_gate(const char *name)
 		n = recv(sk, word, sizeof(word) - 1, 0);
 	while (n < 0 && errno == EINTR);
 	if (n < 3 || memcmp(word, "go\n", 3) != 0) {
-		fprintf(stderr, "edgehop-criu: dump called off by the agent\n");
+		fprintf(stderr, "edgehop-criu: called off by the agent\n");
 		exit(1);
 	}
 	close(sk);
@@ -150,7 +153,7 @@ int main(int argc, char **argv)
 	type = request_type(buf, n);
 	if (type == REQ_VERSION && version && version[0])
 		reply_version((int)sk, version); /* returns only when it cannot */
-	if (type == REQ_DUMP && gate && gate[0])
+	if ((type == REQ_DUMP || type == REQ_RESTORE) && gate && gate[0])
 		await_gate(gate);
 	if (type >= 0) {
 		char t[24];

@@ -140,8 +140,10 @@ type incoming struct {
 	stateBytes  int64
 	recvMs      float64
 	mountMs     float64
-	lf          *os.File
 	pagesDaemon *runc.Daemon
+	// gated is the restore started on the writable layer before the
+	// images arrived (FreezeNotice.LayerFirst), waiting at its gate.
+	gated *gatedRestore
 	// next is the source's message after the state, read while the
 	// restore runs (nil when nothing reads it yet).
 	next    chan peerMessage
@@ -328,7 +330,11 @@ func (in *incoming) setup(ctx context.Context) error {
 	}
 	in.imgDir = filepath.Join(a.scratchDir(), p.Name+"-in")
 	_ = os.RemoveAll(in.imgDir)
-	in.cleanup = append(in.cleanup, func() { os.RemoveAll(in.imgDir); os.RemoveAll(in.imgDir + "-work") })
+	in.cleanup = append(in.cleanup, func() {
+		os.RemoveAll(in.imgDir)
+		os.RemoveAll(in.imgDir + "-work")
+		os.RemoveAll(in.imgDir + "-images")
+	})
 	in.upper = filepath.Join(a.dir(p.Name), "upper")
 	if p.Strategy.Live() {
 		if in.store, err = precopy.NewStore(filepath.Join(a.scratchDir(), p.Name+"-store"), a.log); err != nil {
@@ -342,7 +348,7 @@ func (in *incoming) setup(ctx context.Context) error {
 // awaitFreeze tells the source this side is ready, then stores live rounds
 // (pre-copy) until the source announces the freeze.
 func (in *incoming) awaitFreeze(ctx context.Context) error {
-	if err := in.conn.WriteMsg(ctx, migration.MsgPrepared, struct{}{}); err != nil {
+	if err := in.conn.WriteMsg(ctx, migration.MsgPrepared, migration.ReadyNotice{GatedRestore: in.canGate()}); err != nil {
 		return err
 	}
 	// Ready memory for the images and the restored process while the
@@ -354,7 +360,19 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 	}
 	var err error
 	in.frozen, err = in.a.receiveRounds(ctx, in.conn, in.store, in.upper)
+	if err == nil && in.frozen.LayerFirst && !in.canGate() {
+		return fmt.Errorf("the source sends the writable layer first, which this side did not offer for %s", in.p.Strategy)
+	}
 	return err
+}
+
+// canGate says whether this side starts the restore before the images
+// arrive (migration.ReadyNotice): stop-and-copy only, whose images come
+// in one stream (pre-copy rebuilds them from its store, post-copy starts
+// a lazy-pages daemon on them), and only with the shim, which holds CRIU
+// at the gate (without, runc itself would wait for the gate to open).
+func (in *incoming) canGate() bool {
+	return in.store == nil && !in.p.Strategy.Lazy() && in.a.rt.Shim != ""
 }
 
 // takeTraffic points the overlay here; the packets are held.
@@ -419,6 +437,11 @@ func (in *incoming) receiveState(ctx context.Context) error {
 func (in *incoming) receiveStreams(ctx context.Context) error {
 	t := time.Now()
 	limit := in.p.MemoryBytes + maxStateSlack
+	if in.frozen.LayerFirst {
+		err := in.receiveLayerFirst(ctx, limit)
+		in.recvMs = migration.Ms(time.Since(t))
+		return err
+	}
 	if in.store != nil && !in.p.Strategy.Lazy() {
 		fst, err := in.store.RebuildFinal(ctx, in.conn, in.imgDir)
 		if err != nil {
@@ -443,9 +466,88 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 	return nil
 }
 
-// restore mounts the root filesystem and restores the service; its
-// packets stay held.
-func (in *incoming) restore(ctx context.Context) error {
+// receiveLayerFirst receives the writable layer and runc's
+// descriptors.json, which the source sends while CRIU dumps, starts the
+// restore on them (startGated), then receives the images: when the last
+// image is here, runc is at its gate and only CRIU is left to run.
+func (in *incoming) receiveLayerFirst(ctx context.Context, limit int64) error {
+	if _, err := in.conn.RecvDir(ctx, in.upper, transfer.RecvOptions{MaxBytes: limit}); err != nil {
+		return fmt.Errorf("receive writable layer: %w", err)
+	}
+	if err := os.Mkdir(in.imgDir, 0o700); err != nil {
+		return err
+	}
+	if _, err := in.conn.RecvFile(ctx, filepath.Join(in.imgDir, runc.DescriptorsFile), transfer.RecvOptions{MaxBytes: maxDescriptors}); err != nil {
+		return fmt.Errorf("receive runc's descriptors: %w", err)
+	}
+	if err := in.startGated(ctx); err != nil {
+		return err
+	}
+	images := in.imgDir + "-images"
+	rst, err := in.conn.RecvDir(ctx, images, transfer.RecvOptions{MaxBytes: limit})
+	if err == nil {
+		err = moveEntries(images, in.imgDir)
+	}
+	if err != nil {
+		in.gated.stop(err)
+		return fmt.Errorf("receive images: %w", err)
+	}
+	in.stateBytes = rst.PayloadBytes
+	return nil
+}
+
+// maxDescriptors bounds runc's descriptors.json (the container's stdio
+// as three short strings, and a few more for inherited descriptors).
+const maxDescriptors = 64 << 10
+
+// moveEntries moves every entry of dir src into dir dst, replacing those
+// of the same name, and removes src: runc holds dst open, so it must stay
+// the same directory.
+func moveEntries(src, dst string) error {
+	entries, err := os.ReadDir(src)
+	if err != nil {
+		return err
+	}
+	for _, e := range entries {
+		if err := os.Rename(filepath.Join(src, e.Name()), filepath.Join(dst, e.Name())); err != nil {
+			return err
+		}
+	}
+	return os.Remove(src)
+}
+
+// gatedRestore is a restore started before the images arrived, held at
+// its gate (runc.RestoreOpts.Gate) until they have.
+type gatedRestore struct {
+	gate   *runc.Gate
+	lf     *os.File // the service's output, handed to it once restored
+	cancel context.CancelCauseFunc
+	done   chan struct{} // closed with err set
+	err    error
+}
+
+// stop calls the restore off (at its gate: runc then removes what it
+// made) and waits for runc.
+func (g *gatedRestore) stop(cause error) {
+	g.cancel(cause)
+	<-g.done
+}
+
+// open lets CRIU in and returns the restore's outcome; when ctx ends
+// first, runc is killed.
+func (g *gatedRestore) open(ctx context.Context) error {
+	g.gate.Open()
+	select {
+	case <-g.done:
+	case <-ctx.Done():
+		g.stop(context.Cause(ctx))
+	}
+	return g.err
+}
+
+// startGated mounts the root file system on the received layer and starts
+// `runc restore`, which waits at its gate for restore to open it.
+func (in *incoming) startGated(ctx context.Context) error {
 	a, p := in.a, in.p
 	tMount := time.Now()
 	if err := linux.MountOverlay(in.lower, in.upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
@@ -456,43 +558,39 @@ func (in *incoming) restore(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	lazy := p.Strategy.Lazy()
-	work := in.imgDir + "-work"
-	if lazy {
-		// Pages come from the source's page server through an
-		// authenticated tunnel; the daemon outlives the restore.
-		dial, err := a.tunnelDialer(p.From)
-		if err != nil {
-			lf.Close()
+	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	g := &gatedRestore{gate: runc.NewGate(), lf: lf, cancel: cancel, done: make(chan struct{})}
+	in.gated = g
+	// Whatever ends the migration, runc is done before the cleanup.
+	in.cleanup = append(in.cleanup, func() { g.stop(errors.New("migration ended")) })
+	go func() {
+		defer close(g.done)
+		_, g.err = a.rt.Restore(gctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.imgDir + "-work",
+			TCPEstablished: true, FileLocks: true, Gate: g.gate}, runc.IO{Stdout: lf, Stderr: lf})
+	}()
+	return nil
+}
+
+// restore mounts the root filesystem and restores the service; its
+// packets stay held.
+func (in *incoming) restore(ctx context.Context) error {
+	a, p := in.a, in.p
+	var lf *os.File
+	var run func(ctx context.Context) error
+	if in.gated != nil {
+		// runc waits at its gate on the root file system mounted and
+		// the images all here.
+		lf, run = in.gated.lf, in.gated.open
+	} else {
+		var err error
+		if lf, err = in.prepareRestore(ctx); err != nil {
 			return err
 		}
-		tctx, tcancel := context.WithCancel(context.WithoutCancel(ctx))
-		in.cleanup = append(in.cleanup, tcancel)
-		tun, err := transfer.TunnelListen(tctx, "127.0.0.1:0", transfer.TunnelRequest{Target: p.PageServer, Token: p.PageToken}, dial)
-		if err != nil {
-			lf.Close()
-			return fmt.Errorf("page tunnel: %w", err)
+		run = func(ctx context.Context) error {
+			_, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.imgDir + "-work",
+				TCPEstablished: true, FileLocks: true, LazyPages: p.Strategy.Lazy()}, runc.IO{Stdout: lf, Stderr: lf})
+			return err
 		}
-		in.cleanup = append(in.cleanup, func() { tun.Close() })
-		// A proxy in front of the daemon pulls the dump's lazy runs ahead
-		// of it (hybrid: and fills the pages the rounds left here from
-		// the store); without the runs, hybrid's proxy relays only.
-		runs, rerr := precopy.LazyRuns(in.imgDir)
-		if rerr != nil {
-			a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
-		}
-		pageServer := tun.Addr().String()
-		if in.store != nil || rerr == nil {
-			if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs); err != nil {
-				lf.Close()
-				return fmt.Errorf("page proxy: %w", err)
-			}
-		}
-		if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: work, PageServer: pageServer}); err != nil {
-			lf.Close()
-			return fmt.Errorf("lazy-pages daemon: %w", err)
-		}
-		in.cleanup = append(in.cleanup, in.pagesDaemon.Stop)
 	}
 	_, _ = in.warm.Release(-1)
 	in.t0 = time.Now()
@@ -502,7 +600,7 @@ func (in *incoming) restore(ctx context.Context) error {
 	sctx, scancel := context.WithCancelCause(ctx)
 	rctx, rcancel := context.WithTimeout(sctx, rdl)
 	in.watchSource(ctx, scancel)
-	_, err = a.rt.Restore(rctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: work, TCPEstablished: true, FileLocks: true, LazyPages: lazy}, runc.IO{Stdout: lf, Stderr: lf})
+	err := run(rctx)
 	var pa *peerAbort
 	switch {
 	case err == nil:
@@ -533,6 +631,61 @@ func (in *incoming) restore(ctx context.Context) error {
 		a.log.Info("pod restored whole", "container", p.Name, "pod", p.Group, "waited", time.Since(t))
 	}
 	return nil
+}
+
+// prepareRestore mounts the root file system and, for post-copy, starts
+// what serves the pages (the tunnel to the source, the proxy, the
+// lazy-pages daemon); it returns the service's output file.
+func (in *incoming) prepareRestore(ctx context.Context) (*os.File, error) {
+	a, p := in.a, in.p
+	tMount := time.Now()
+	if err := linux.MountOverlay(in.lower, in.upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
+		return nil, err
+	}
+	in.mountMs = migration.Ms(time.Since(tMount))
+	lf, err := os.OpenFile(a.logPath(p.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, err
+	}
+	lazy := p.Strategy.Lazy()
+	work := in.imgDir + "-work"
+	if lazy {
+		// Pages come from the source's page server through an
+		// authenticated tunnel; the daemon outlives the restore.
+		dial, err := a.tunnelDialer(p.From)
+		if err != nil {
+			lf.Close()
+			return nil, err
+		}
+		tctx, tcancel := context.WithCancel(context.WithoutCancel(ctx))
+		in.cleanup = append(in.cleanup, tcancel)
+		tun, err := transfer.TunnelListen(tctx, "127.0.0.1:0", transfer.TunnelRequest{Target: p.PageServer, Token: p.PageToken}, dial)
+		if err != nil {
+			lf.Close()
+			return nil, fmt.Errorf("page tunnel: %w", err)
+		}
+		in.cleanup = append(in.cleanup, func() { tun.Close() })
+		// A proxy in front of the daemon pulls the dump's lazy runs ahead
+		// of it (hybrid: and fills the pages the rounds left here from
+		// the store); without the runs, hybrid's proxy relays only.
+		runs, rerr := precopy.LazyRuns(in.imgDir)
+		if rerr != nil {
+			a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
+		}
+		pageServer := tun.Addr().String()
+		if in.store != nil || rerr == nil {
+			if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs); err != nil {
+				lf.Close()
+				return nil, fmt.Errorf("page proxy: %w", err)
+			}
+		}
+		if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: work, PageServer: pageServer}); err != nil {
+			lf.Close()
+			return nil, fmt.Errorf("lazy-pages daemon: %w", err)
+		}
+		in.cleanup = append(in.cleanup, in.pagesDaemon.Stop)
+	}
+	return lf, nil
 }
 
 // podRestoreWait bounds how long a restored pod member waits for the
@@ -709,11 +862,14 @@ func (in *incoming) destroy(ctx context.Context) error {
 		in.holder = nil
 	}
 	// (precopy.PagesDir: a final delta's pages before the other images.)
-	dirs := []string{name + "-in", name + "-in-work", name + "-store", filepath.Base(precopy.PagesDir(name + "-in"))}
+	// (-in-images: the images of a gated restore, before they join -in.)
+	dirs := []string{name + "-in", name + "-in-work", name + "-in-images", name + "-store", filepath.Base(precopy.PagesDir(name + "-in"))}
 	// A stream cut short leaves its partial directory (transfer.RecvDir).
-	partial, _ := filepath.Glob(filepath.Join(a.scratchDir(), "."+name+"-in.partial-*"))
-	for _, p := range partial {
-		dirs = append(dirs, filepath.Base(p))
+	for _, d := range []string{name + "-in", name + "-in-images"} {
+		partial, _ := filepath.Glob(filepath.Join(a.scratchDir(), "."+d+".partial-*"))
+		for _, p := range partial {
+			dirs = append(dirs, filepath.Base(p))
+		}
 	}
 	for _, d := range dirs {
 		// A CRIU restore killed midway leaves its cgroup yard mounted

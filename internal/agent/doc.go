@@ -75,7 +75,15 @@
 // container, and commits once runc is done. Pre-copy does not wait that
 // long: its final delta starts as the gate opens and sends each process's
 // pages as soon as CRIU has written them (precopy.DumpWatch), so the
-// transfer of a many-process service overlaps its dump. No tmpfs is left for CRIU to
+// transfer of a many-process service overlaps its dump. Stop-and-copy
+// takes `runc restore`'s start out of the window the other way round
+// (migration.ReadyNotice, FreezeNotice.LayerFirst): while CRIU dumps, A
+// sends S's writable layer (frozen, it no longer changes) and runc's
+// descriptors.json; B mounts the root file system on them and starts
+// `runc restore`, whose CRIU waits at a gate of its own (runc.RestoreOpts
+// Gate), runc niced until the gate opens so that on a shared host it
+// does not slow the dump; the images follow, and with the last one B
+// opens the gate and only CRIU's restore is left. No tmpfs is left for CRIU to
 // tar and untar (4-6 ms each, a side): the masked directories and the
 // /sys/fs/cgroup tmpfs are external mounts bound on restore to read-only
 // copies made at the agent's start (runc.ExternalMasks,

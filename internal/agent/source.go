@@ -180,8 +180,12 @@ type outgoing struct {
 	fcancel   context.CancelFunc
 	ck        *checkpoint // the dump, from just before the freeze
 	final     *finalSend  // pre-copy: the final delta, sent while CRIU dumps
-	peerMsg   chan peerMessage
-	cleanup   []func()
+	// layerFirst: the writable layer and descriptors.json are sent while
+	// CRIU dumps (early), the images after (FreezeNotice.LayerFirst).
+	layerFirst bool
+	early      *earlySend
+	peerMsg    chan peerMessage
+	cleanup    []func()
 }
 
 // finalSend is pre-copy's final delta on its way while CRIU dumps
@@ -199,6 +203,49 @@ type finalSend struct {
 func (f *finalSend) halt() {
 	f.stopOnce.Do(func() { close(f.stop) })
 	<-f.done
+}
+
+// earlySend is the writable layer and runc's descriptors.json on their
+// way while CRIU dumps (FreezeNotice.LayerFirst): the service is frozen,
+// so its layer no longer changes, and the connection is idle until the
+// images are written. The destination starts its restore on them. (A
+// service CRIU had to freeze itself sends them after the dump, still
+// before the images.)
+type earlySend struct {
+	done chan struct{} // closed with st and err set
+	st   transfer.Stats
+	err  error
+}
+
+// startEarly sends the writable layer, then descriptors.json, which runc
+// wrote before CRIU's gate (runc.Checkpoint), on a goroutine; sendState
+// waits for it before the images.
+func (o *outgoing) startEarly() {
+	e := &earlySend{done: make(chan struct{})}
+	o.early = e
+	ctx := o.fctx
+	// Whatever ends the migration, the stream is over before the
+	// connection is.
+	o.cleanup = append(o.cleanup, func() { o.fcancel(); <-e.done })
+	go func() {
+		defer close(e.done)
+		opts := o.send
+		opts.Name, opts.Overlay = "upper", true
+		st, err := o.conn.SendDir(ctx, filepath.Join(o.a.dir(o.rec.Container), "upper"), opts)
+		e.st = st
+		if err != nil {
+			e.err = fmt.Errorf("send writable layer: %w", err)
+			return
+		}
+		opts.Name, opts.Overlay = "descriptors", false
+		st, err = o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts)
+		e.st.WireBytes += st.WireBytes
+		e.st.PayloadBytes += st.PayloadBytes
+		e.st.Compressed = e.st.Compressed || st.Compressed
+		if err != nil {
+			e.err = fmt.Errorf("send runc's descriptors: %w", err)
+		}
+	}()
 }
 
 // startFinal starts the final delta before CRIU may write its first image;
@@ -440,9 +487,13 @@ func (o *outgoing) prepare(ctx context.Context) error {
 	if err := conn.WriteMsg(ctx, migration.MsgPrepare, prep); err != nil {
 		return fmt.Errorf("prepare %s: %w", o.req.To, err)
 	}
-	if err := expectFrom(ctx, conn, o.req.To, migration.MsgPrepared, nil); err != nil {
+	var prepared migration.ReadyNotice
+	if err := expectFrom(ctx, conn, o.req.To, migration.MsgPrepared, &prepared); err != nil {
 		return fmt.Errorf("prepare on %s: %w", o.req.To, err)
 	}
+	// runc writes descriptors.json before CRIU's gate only when the shim
+	// holds CRIU there (without, runc starts as the gate opens).
+	o.layerFirst = prepared.GatedRestore && o.pre == nil && !o.req.Strategy.Lazy() && a.rt.Shim != ""
 	if o.comp != transfer.CompressOff {
 		if err := conn.WarmCompression(); err != nil {
 			return err
@@ -517,7 +568,7 @@ func (o *outgoing) freeze() error {
 	// The destination takes the service's traffic now and holds it.
 	handover := time.Now()
 	a.setHandedOver(o.c, true)
-	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting, PodNetwork: pod && network}); err != nil {
+	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting, PodNetwork: pod && network, LayerFirst: o.layerFirst}); err != nil {
 		return fmt.Errorf("notify %s: %w", o.req.To, err)
 	}
 	if pod && network && o.unit != nil {
@@ -736,6 +787,10 @@ func (o *outgoing) dump() error {
 	if o.pre != nil && !lazy {
 		o.startFinal()
 	}
+	if o.layerFirst && o.paused {
+		// Frozen here (not by CRIU): the layer no longer changes.
+		o.startEarly()
+	}
 	ck.gate.Open()
 	if !lazy {
 		// Past the frozen budget runc is killed and CRIU resumes the
@@ -805,19 +860,35 @@ func (o *outgoing) sendState() error {
 			return o.peerReason(fmt.Errorf("send final delta: %w", err))
 		}
 	} else {
+		if o.layerFirst {
+			if o.early == nil {
+				// CRIU froze the service: its layer is still only
+				// now that the dump is done.
+				o.startEarly()
+			}
+			<-o.early.done
+			o.res.BytesOnWire += o.early.st.WireBytes
+			o.res.StateBytes += o.early.st.PayloadBytes
+			o.res.Compressed = o.early.st.Compressed
+			if o.early.err != nil {
+				return o.peerReason(o.early.err)
+			}
+		}
 		st1, err := o.conn.SendDir(ctx, o.rec.ImageDir, opts)
 		if err != nil {
 			return o.peerReason(fmt.Errorf("send images: %w", err))
 		}
 		o.res.BytesOnWire += st1.WireBytes
 		o.res.StateBytes += st1.PayloadBytes
-		o.res.Compressed = st1.Compressed
+		o.res.Compressed = o.res.Compressed || st1.Compressed
 		o.res.CompressionNote = st1.AutoNote
 	}
 	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
 	var st2 transfer.Stats
 	var err error
-	if o.pre != nil {
+	if o.early != nil {
+		// The layer went first, while CRIU dumped.
+	} else if o.pre != nil {
 		// Only what changed since the live copy, and what is left.
 		var n int
 		st2, n, err = sendLayerDelta(ctx, o.conn, filepath.Join(a.dir(name), "upper"), o.layer, opts)

@@ -78,10 +78,11 @@ func journalPhase(stateDir, id string) migration.Phase {
 	return r.Phase
 }
 
-// receiving reports whether node is receiving a stream into its scratch
-// space (transfer.RecvDir fills a partial directory).
+// receiving reports whether node is receiving the images into its
+// scratch space (transfer.RecvDir fills a partial directory: redis-in's,
+// or with the restore started on the layer, redis-in-images').
 func (f *faultBed) receiving(node string) bool {
-	m, _ := filepath.Glob(filepath.Join(f.node(node).StateDir, "scratch", ".redis-in.partial-*"))
+	m, _ := filepath.Glob(filepath.Join(f.node(node).StateDir, "scratch", ".redis-in*.partial-*"))
 	return len(m) > 0
 }
 

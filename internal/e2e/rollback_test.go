@@ -132,8 +132,9 @@ func TestRollbackDestinationKilled(t *testing.T) {
 		done <- out{o, errs, err}
 	}()
 	// Wait until the destination is receiving, then kill its agent.
-	// (transfer.RecvDir fills a partial directory, renamed when complete.)
-	in := filepath.Join(st.Nodes[1].StateDir, "scratch", ".redis-in.partial-")
+	// (transfer.RecvDir fills a partial directory, renamed when complete:
+	// redis-in's, or with the restore started on the layer, redis-in-images'.)
+	in := filepath.Join(st.Nodes[1].StateDir, "scratch", ".redis-in*.partial-")
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		if ents, _ := filepath.Glob(in + "*"); len(ents) > 0 {

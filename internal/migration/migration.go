@@ -313,14 +313,26 @@ type Prepare struct {
 	PageToken  string `json:"page_token,omitempty"`
 }
 
+// ReadyNotice is the destination's answer to Prepare. GatedRestore: it can
+// start its restore before the images arrive (stop-and-copy): runc
+// starts on the writable layer and descriptors.json, CRIU once the images
+// are there.
+type ReadyNotice struct {
+	GatedRestore bool `json:"gated_restore,omitempty"`
+}
+
 // FreezeNotice announces the freeze. Accepting: the service accepts new
 // connections, and its source takes its link down only once it hears of
 // the network switch, so the destination tells the gateways first.
 // PodNetwork: the service is the first of its pod to freeze, and its
-// destination takes the pod's traffic (the others' do not).
+// destination takes the pod's traffic (the others' do not). LayerFirst:
+// the writable layer and runc's descriptors.json come first, sent while
+// CRIU dumps, and the images after them (the destination said
+// GatedRestore).
 type FreezeNotice struct {
 	Accepting  bool `json:"accepting,omitempty"`
 	PodNetwork bool `json:"pod_network,omitempty"`
+	LayerFirst bool `json:"layer_first,omitempty"`
 }
 
 // Process is what a service's image says of its process beyond its

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/criuimg"
+	"golang.org/x/sys/unix"
 )
 
 // CRIU log files runc asks CRIU to write into the work directory.
@@ -206,23 +207,11 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 	}
 	inv.args = args
 	if o.Gate != nil {
-		gctx, gcancel := context.WithCancel(ctx)
-		name, closeGate, err := r.gate(gctx, o.Gate)
+		_, closeGate, err := r.useGate(ctx, o.Gate, &inv)
 		if err != nil {
-			gcancel()
 			return fmt.Errorf("checkpoint %s: %w", id, err)
 		}
-		// Cancelled first: a gate still waiting to open (runc gone
-		// without it) gives up, and closing it returns.
-		defer func() {
-			gcancel()
-			if closeGate != nil {
-				closeGate()
-			}
-		}()
-		if name != "" {
-			inv.env = append(inv.env, shimEnvGate+"="+name)
-		}
+		defer closeGate()
 	}
 	if o.LazyPages {
 		// Killing runc would orphan its CRIU, which keeps the container
@@ -321,7 +310,80 @@ type RestoreOpts struct {
 	LazyPages bool
 	// ManageCgroupsMode is runc's --manage-cgroups-mode ("" = soft).
 	ManageCgroupsMode string
+	// Gate, when set, holds CRIU back until Gate.Open: runc starts,
+	// mounts and prepares the restore meanwhile (it reads only
+	// descriptors.json from ImagePath, which must be there); the other
+	// images must be in ImagePath when the gate opens. A gate of its own
+	// for each restore; if ctx ends first, the restore fails with nothing
+	// restored.
+	Gate *Gate
 }
+
+// useGate readies g for the runc command inv: with the shim, inv's
+// environment names the gate's socket and shim is true; without, the gate
+// has opened when useGate returns (runc starts only then). closeGate,
+// called once runc is done, makes a gate still waiting give up.
+func (r *Runtime) useGate(ctx context.Context, g *Gate, inv *invocation) (shim bool, closeGate func(), err error) {
+	gctx, gcancel := context.WithCancel(ctx)
+	name, closeSocket, err := r.gate(gctx, g)
+	if err != nil {
+		gcancel()
+		return false, nil, err
+	}
+	if name != "" {
+		inv.env = append(inv.env, shimEnvGate+"="+name)
+	}
+	return name != "", func() {
+		gcancel() // first: a gate still waiting to open gives up
+		if closeSocket != nil {
+			closeSocket()
+		}
+	}, nil
+}
+
+// gatedNice is how much nicer than the agent a gated restore's runc
+// runs until its gate opens: it prepares while the images are still on
+// their way, and on a node that also dumps (a testbed on one host) it
+// must not take the CPU from the dump they are waiting for.
+const gatedNice = 10
+
+// deferToGate makes the gated restore inv run gatedNice nicer than this
+// process until g opens (runc's process group: runc, and the shim waiting
+// at the gate, which becomes CRIU). It needs inv.group.
+func deferToGate(inv *invocation, g *Gate) {
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		return
+	}
+	base := 20 - prio // the kernel returns 20 - nice
+	var mu sync.Mutex
+	pgid, opened := 0, false
+	inv.started = func(pid int) {
+		mu.Lock()
+		defer mu.Unlock()
+		if !opened {
+			pgid = pid
+			_ = unix.Setpriority(unix.PRIO_PGRP, pid, min(base+gatedNice, 19))
+		}
+	}
+	g.opening = func() {
+		mu.Lock()
+		defer mu.Unlock()
+		opened = true
+		if pgid != 0 {
+			_ = unix.Setpriority(unix.PRIO_PGRP, pgid, base)
+		}
+	}
+}
+
+// DescriptorsFile is the file runc writes in a checkpoint's image
+// directory before CRIU runs (the container's stdio as CRIU will see
+// it), and the only one a restore reads before CRIU does.
+const DescriptorsFile = "descriptors.json"
+
+// gateCallOffGrace is how long a gated restore called off at its gate
+// gives runc to fail and clean up before it is killed.
+const gateCallOffGrace = 10 * time.Second
 
 // Validate reports what is wrong with o.
 func (o RestoreOpts) Validate() error {
@@ -368,8 +430,30 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 	if err := os.Remove(logPath); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return 0, fmt.Errorf("restore %s: %w", id, err)
 	}
-	if _, err := criuimg.RestartSyscalls(o.ImagePath); err != nil {
-		return 0, fmt.Errorf("restore %s: %w", id, err)
+	restart := func() error {
+		if _, err := criuimg.RestartSyscalls(o.ImagePath); err != nil {
+			return fmt.Errorf("restore %s: %w", id, err)
+		}
+		return nil
+	}
+	inv := invocation{op: "restore", id: id, criu: true, criuLog: logPath, group: true}
+	if o.Gate == nil {
+		if err := restart(); err != nil {
+			return 0, err
+		}
+	} else {
+		o.Gate.prepare = restart
+		shim, closeGate, err := r.useGate(ctx, o.Gate, &inv)
+		if err != nil {
+			return 0, fmt.Errorf("restore %s: %w", id, err)
+		}
+		defer closeGate()
+		if shim {
+			deferToGate(&inv, o.Gate)
+		} else if err := restart(); err != nil {
+			// No shim: the gate opened before runc started.
+			return 0, err
+		}
 	}
 	args := []string{"--image-path", o.ImagePath, "--work-path", work}
 	if o.TCPEstablished {
@@ -388,12 +472,37 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		args = append(args, "--manage-cgroups-mode", o.ManageCgroupsMode)
 	}
 	start := time.Now()
-	pid, err := r.start(ctx, invocation{op: "restore", id: id, args: args, criu: true, criuLog: logPath, group: true}, bundle, io)
+	inv.args = args
+	ectx := ctx
+	if o.Gate != nil {
+		// At the gate, a restore called off is not killed: the gate
+		// closes, CRIU is never run, and runc fails and removes what it
+		// made (its state, its mounts, the cgroups). Past the gate, or
+		// when runc does not leave within a grace period, ctx kills it.
+		var ecancel context.CancelCauseFunc
+		ectx, ecancel = context.WithCancelCause(context.WithoutCancel(ctx))
+		defer ecancel(nil)
+		stop := context.AfterFunc(ctx, func() {
+			grace := gateCallOffGrace
+			select {
+			case <-o.Gate.open:
+				grace = 0
+			default:
+			}
+			time.AfterFunc(grace, func() { ecancel(context.Cause(ctx)) })
+		})
+		defer stop()
+	}
+	pid, err := r.start(ectx, inv, bundle, io)
 	if err != nil {
+		if o.Gate != nil && o.Gate.prepared() != nil {
+			return 0, o.Gate.prepared() // why the gate called CRIU off
+		}
 		return 0, err // an *Error names the op and id itself
 	}
+	// (Gated: took counts the wait for the images at the gate.)
 	r.logger().Info("restored container", "id", id, "pid", pid, "took", time.Since(start),
-		"images", o.ImagePath, "lazy", o.LazyPages)
+		"images", o.ImagePath, "lazy", o.LazyPages, "gated", o.Gate != nil)
 	return pid, nil
 }
 

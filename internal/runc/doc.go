@@ -13,7 +13,9 @@
 // once, and holds a dump at a Gate until the caller has frozen the
 // service, so that neither runc's start nor its probe falls in the frozen
 // window; a dump's Ready comes when CRIU has written its last image,
-// before runc is done. CRIU configuration (WriteCRIUConfig) keeps the
+// before runc is done. A restore can wait at a gate too
+// (RestoreOpts.Gate): runc starts, mounts and prepares on descriptors.json
+// alone, and CRIU starts once the caller has the images in place. CRIU configuration (WriteCRIUConfig) keeps the
 // masked directories and the /sys/fs/cgroup tmpfs out of the images as
 // external mounts (ExternalMasks, ExternalCgroupFS with
 // MountCgroupSkeleton), and a Spec can bind directories at /dev

@@ -154,6 +154,9 @@ type invocation struct {
 	// tmp is a private directory for runc's log (and the caller's pid
 	// file); created by exec when empty.
 	tmp string
+	// started, when set, is called with runc's pid once it started
+	// (with group, also its process group's id).
+	started func(pid int)
 	// cancel, when set, replaces killing runc when ctx ends; runc is
 	// still killed if it has not exited cmdWaitDelay later.
 	cancel func() error
@@ -250,7 +253,13 @@ func (r *Runtime) exec(ctx context.Context, inv invocation) ([]byte, error) {
 	}
 	cmd.ExtraFiles = inv.extra
 	start := time.Now()
-	runErr := cmd.Run()
+	var runErr error
+	if inv.started == nil {
+		runErr = cmd.Run()
+	} else if runErr = cmd.Start(); runErr == nil {
+		inv.started(cmd.Process.Pid)
+		runErr = cmd.Wait()
+	}
 	r.logger().Debug("runc", "op", inv.op, "id", inv.id, "args", strings.Join(inv.args, " "),
 		"took", time.Since(start), "err", runErr)
 	if runErr == nil {
@@ -327,10 +336,12 @@ func (r *Runtime) start(ctx context.Context, inv invocation, bundle string, o IO
 		// runc has exited; whatever it or a half-started container wrote
 		// is drained into o.
 		st.wait(context.Background(), 2*time.Second)
-		if !existed && r.stateExists(inv.id) {
+		if _, serr := os.Lstat(filepath.Join(r.Root, inv.id)); !existed && serr == nil {
 			// context.Background: clean up even when ctx is what failed.
-			_, derr := r.exec(context.Background(), invocation{op: "delete", id: inv.id, args: []string{"--force"}})
-			err = errors.Join(err, derr)
+			// (A runc killed midway leaves no state.json: Delete copes.)
+			if derr := r.Delete(context.Background(), inv.id, true); derr != nil && !errors.Is(derr, ErrNotFound) {
+				err = errors.Join(err, derr)
+			}
 		}
 		return 0, err
 	}

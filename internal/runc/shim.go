@@ -122,10 +122,26 @@ func recordVersionReply(ctx context.Context, criu, path string) error {
 // the dump while the service still runs, so that none of it falls in the
 // frozen window. The caller waits for Ready, freezes the service, and
 // calls Open; a checkpoint whose context ends first is called off with the
-// container untouched.
+// container untouched. A restore's gate (RestoreOpts.Gate) holds CRIU
+// back until the images are all there: runc starts, mounts and prepares
+// while they are still on their way.
 type Gate struct {
 	ready, open         chan struct{}
 	readyOnce, openOnce sync.Once
+	// opening, when set, runs in Open before the gate opens.
+	opening func()
+	// prepare, when set, runs when the gate opens, before CRIU is let
+	// in; its failure calls CRIU off and is kept (prepared).
+	prepare func() error
+	mu      sync.Mutex
+	prepErr error
+}
+
+// prepared is the failure of prepare that called CRIU off, if any.
+func (g *Gate) prepared() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.prepErr
 }
 
 // NewGate returns a closed gate.
@@ -138,7 +154,14 @@ func NewGate() *Gate {
 func (g *Gate) Ready() <-chan struct{} { return g.ready }
 
 // Open lets CRIU dump the container.
-func (g *Gate) Open() { g.openOnce.Do(func() { close(g.open) }) }
+func (g *Gate) Open() {
+	g.openOnce.Do(func() {
+		if g.opening != nil {
+			g.opening()
+		}
+		close(g.open)
+	})
+}
 
 func (g *Gate) markReady() { g.readyOnce.Do(func() { close(g.ready) }) }
 
@@ -215,6 +238,14 @@ func (g *Gate) admit(c *net.UnixConn, stop <-chan struct{}) error {
 	g.markReady()
 	select {
 	case <-g.open:
+		if g.prepare != nil {
+			if err := g.prepare(); err != nil {
+				g.mu.Lock()
+				g.prepErr = err
+				g.mu.Unlock()
+				return nil // closing calls CRIU off
+			}
+		}
 		_, err := c.Write([]byte("go\n"))
 		return err
 	case <-stop:

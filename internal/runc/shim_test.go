@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -157,4 +158,102 @@ func checkpointAtGate(ctx context.Context, t *testing.T, r *runc.Runtime, id str
 		t.Fatalf("no checkpoint at the gate after %s", wait)
 	}
 	return o.Gate, done
+}
+
+// TestGatedRestore: a restore with a gate starts runc with only
+// descriptors.json in its image directory and waits, CRIU not yet run;
+// called off, it fails and leaves nothing; opened once the other images
+// are there, it restores and the counter goes on. A gate whose prepare
+// step (criuimg's rewrite of the images) fails calls CRIU off with that
+// failure.
+func TestGatedRestore(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	r.Shim = runc.BuildShimForTest(t)
+	requireCRIU(t, r)
+	id, spec, out := runCounter(t, r, "grst")
+	images := filepath.Join(t.TempDir(), "images")
+	if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images}); err != nil {
+		t.Fatal(err)
+	}
+	last := out.ints(t)
+	spec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
+	bundle := writeBundle(t, spec)
+
+	// restoreAtGate starts a gated restore from a directory holding only
+	// descriptors.json, as a destination has it before the images arrive.
+	restoreAtGate := func(ctx context.Context, after *syncBuffer) (string, *runc.Gate, chan error) {
+		t.Helper()
+		dir := filepath.Join(t.TempDir(), "in")
+		if err := os.Mkdir(dir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if out, err := exec.Command("cp", filepath.Join(images, "descriptors.json"), dir).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+		g := runc.NewGate()
+		done := make(chan error, 1)
+		go func() {
+			_, err := r.Restore(ctx, id, bundle, runc.RestoreOpts{ImagePath: dir, WorkPath: dir + "-work", Gate: g}, runc.IO{Stdout: after, Stderr: after})
+			done <- err
+		}()
+		select {
+		case <-g.Ready():
+		case err := <-done:
+			t.Fatalf("restore ended before its gate: %v", err)
+		case <-time.After(30 * time.Second):
+			t.Fatal("no restore at the gate after 30 s")
+		}
+		return dir, g, done
+	}
+
+	// Called off at the gate.
+	cctx, cancel := context.WithCancel(ctx)
+	var after syncBuffer
+	_, _, done := restoreAtGate(cctx, &after)
+	if _, err := r.State(ctx, id); err == nil {
+		// runc registers the container only once CRIU restored it.
+		t.Log("runc lists the container while CRIU waits at the gate")
+	}
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("restore called off at its gate succeeded")
+	}
+	assertGone(t, r, id, "", spec.CgroupsPath)
+
+	// Opened with a core image that cannot be read (a directory): CRIU
+	// is called off with the rewrite's reason.
+	var after2 syncBuffer
+	dir, g, done := restoreAtGate(ctx, &after2)
+	if err := os.Mkdir(filepath.Join(dir, "core-1.img"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	g.Open()
+	err := <-done
+	t.Logf("restore whose images could not be prepared: %v", err)
+	if err == nil || !strings.Contains(err.Error(), "core-1.img") {
+		t.Errorf("restore with an unreadable core image: %v, want the rewrite's failure", err)
+	}
+	assertGone(t, r, id, "", spec.CgroupsPath)
+
+	// Opened once the images are there.
+	var after3 syncBuffer
+	dir, g, done = restoreAtGate(ctx, &after3)
+	entries, err := os.ReadDir(images)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if out, err := exec.Command("cp", "-a", filepath.Join(images, e.Name()), dir).CombinedOutput(); err != nil {
+			t.Fatalf("cp: %v %s", err, out)
+		}
+	}
+	g.Open()
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	consecutive(t, "after the gated restore", waitCount(t, &after3, 3), last[len(last)-1]+1)
+	if err := r.Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
 }
