@@ -326,6 +326,7 @@ func (e *env) edgehopContinuity(ctx context.Context) (Side, error) {
 		}
 		r.OK, r.Error = res.OK, res.Error
 		r.DowntimeMs, r.TotalMs, r.PhasesMs, r.BytesOnWire, r.CRIU = res.DowntimeMs, res.TotalMs, res.PhasesMs, res.BytesOnWire, res.CRIU
+		r.Restore = res.Destination
 		rec, err := pr.recovered(ctx, r.end, recoverTimeout)
 		r.Reconnected = rec
 		if err != nil {

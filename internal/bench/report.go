@@ -3,6 +3,8 @@ package bench
 import (
 	"sort"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/migration"
 )
 
 // Migration is one measured migration.
@@ -21,6 +23,8 @@ type Migration struct {
 	PhasesMs    map[string]float64 `json:"phases_ms"`
 	BytesOnWire int64              `json:"bytes_on_wire"`
 	CRIU        map[string]float64 `json:"criu,omitempty"`
+	// Restore is the destination's account of its part of the window.
+	Restore *migration.RestoreReport `json:"restore,omitempty"`
 	// Reconnected is set when the probe's connection had broken by the end
 	// of this migration and a new one was opened.
 	Reconnected bool `json:"reconnected,omitempty"`

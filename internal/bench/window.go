@@ -12,7 +12,7 @@ type WindowPart struct {
 // CRIU's statistics (stop-and-copy and pre-copy dumps) into what CRIU
 // itself spends and the rest of each phase. nil when there are none.
 func frozenWindow(runs []Migration) []WindowPart {
-	var criuDump, dumpRest, transfer, criuRestore, restoreRest, network []float64
+	var criuDump, dumpRest, transfer, criuRestore, runcRestore, restoreRest, network []float64
 	for _, r := range runs {
 		frozen, fok := r.CRIU["frozen_time_us"]
 		restore, rok := r.CRIU["restore_time_us"]
@@ -23,19 +23,30 @@ func frozenWindow(runs []Migration) []WindowPart {
 		dumpRest = append(dumpRest, r.PhasesMs["dump"]-frozen/1000)
 		transfer = append(transfer, r.PhasesMs["transfer"])
 		criuRestore = append(criuRestore, restore/1000)
-		restoreRest = append(restoreRest, r.PhasesMs["restore"]-restore/1000)
+		if r.Restore != nil && r.Restore.RestoreMs > 0 {
+			runcRestore = append(runcRestore, r.Restore.RestoreMs-restore/1000)
+			restoreRest = append(restoreRest, r.PhasesMs["restore"]-r.Restore.RestoreMs)
+		} else {
+			restoreRest = append(restoreRest, r.PhasesMs["restore"]-restore/1000)
+		}
 		network = append(network, r.PhasesMs["network"])
 	}
 	if len(criuDump) == 0 {
 		return nil
 	}
 	p50 := func(v []float64) float64 { return Summarize(v).P50 }
-	return []WindowPart{
+	parts := []WindowPart{
 		{"dump: CRIU", p50(criuDump), "CRIU's own frozen time (its stats-dump): seizing the tasks, their memory, files, sockets in TCP repair; no tmpfs is tarred (the cgroup tmpfs is external, /dev and /dev/shm are layer directories)"},
-		{"dump: the rest", p50(dumpRest), "the freeze (cgroup freezer), the network switch's word for a service that accepts connections, the node-side veth down, the gate's opening and CRIU's start; runc starts before the freeze and finishes while the images travel"},
-		{"transfer", p50(transfer), "the source sending the images and the writable layer (zstd when it pays) on the migration connection, until its socket took the last byte"},
+		{"dump: the rest", p50(dumpRest), "the freeze (cgroup freezer), the network switch's word for a service that accepts connections, the node-side veth down, the gate's opening, CRIU's start and the agent seeing its last image; runc starts before the freeze and finishes while the images travel (on one host, a stop-and-copy destination's runc starts meanwhile, niced)"},
+		{"transfer", p50(transfer), "the source sending the images on the migration connection (zstd when it pays), until its socket took the last byte; stop-and-copy's writable layer crossed while CRIU dumped, the other strategies send it here"},
 		{"restore: CRIU", p50(criuRestore), "CRIU's own restore time (its stats-restore): namespaces, mounts, memory, files, TCP repair"},
-		{"restore: the rest", p50(restoreRest), "the state's last bytes crossing the link, mounting the root file system, `runc restore`'s start, cgroups and mounts before CRIU and its state after, and the destination's report coming back; runc's part is the largest (a gate cannot move it out: its mounts need the received layer)"},
-		{"network", p50(network), "held packets released and the switch completed (mostly done during the dump)"},
 	}
+	if len(runcRestore) == len(criuRestore) {
+		parts = append(parts,
+			WindowPart{"restore: runc", p50(runcRestore), "the destination's `runc restore` outside CRIU, from the last image on: stop-and-copy's gate opening (the images moved into place, interrupted waits rewritten), CRIU's start, runc's state after CRIU and its exit (its start, and mounting the root file system, happened while CRIU dumped); the other strategies' runc starts here"},
+			WindowPart{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link and the destination's report coming back (the other strategies: also mounting the root file system, the report's mount_ms)"})
+	} else {
+		parts = append(parts, WindowPart{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link, mounting the root file system (stop-and-copy: done while CRIU dumped), `runc restore` outside CRIU, and the destination's report coming back"})
+	}
+	return append(parts, WindowPart{"network", p50(network), "held packets released and the switch completed (mostly done during the dump)"})
 }

@@ -1,6 +1,10 @@
 package bench
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/edgehop/edgehop/internal/migration"
+)
 
 func TestFrozenWindow(t *testing.T) {
 	run := func(ok bool, dump, transfer, restore, network, frozenUs, restoreUs float64) Migration {
@@ -26,5 +30,20 @@ func TestFrozenWindow(t *testing.T) {
 	}
 	if frozenWindow(runs[3:]) != nil {
 		t.Error("a window from runs without CRIU's statistics")
+	}
+	// With the destination's account, its runc is apart from the rest.
+	for i, ms := range []float64{25, 30, 20} {
+		runs[i].Restore = &migration.RestoreReport{RestoreMs: ms}
+	}
+	want = map[string]float64{"dump: CRIU": 18, "dump: the rest": 22, "transfer": 8, "restore: CRIU": 17, "restore: runc": 8,
+		"restore: the rest": 25, "network": 6}
+	parts = frozenWindow(runs)
+	if len(parts) != len(want) {
+		t.Fatalf("parts %+v", parts)
+	}
+	for _, p := range parts {
+		if w, ok := want[p.Part]; !ok || p.P50Ms != w || p.What == "" {
+			t.Errorf("%s = %.1f (%q), want %.1f and a reason", p.Part, p.P50Ms, p.What, w)
+		}
 	}
 }
