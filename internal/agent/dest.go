@@ -561,8 +561,17 @@ func (in *incoming) startGated(ctx context.Context) error {
 	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
 	g := &gatedRestore{gate: runc.NewGate(), lf: lf, cancel: cancel, done: make(chan struct{})}
 	in.gated = g
-	// Whatever ends the migration, runc is done before the cleanup.
-	in.cleanup = append(in.cleanup, func() { g.stop(errors.New("migration ended")) })
+	// Whatever ends the migration, runc is done before the cleanup, and
+	// the output file is closed unless the restored service has it.
+	in.cleanup = append(in.cleanup, func() {
+		g.stop(errors.New("migration ended"))
+		a.mu.Lock()
+		handed := in.c.log == lf
+		a.mu.Unlock()
+		if !handed {
+			lf.Close()
+		}
+	})
 	go func() {
 		defer close(g.done)
 		_, g.err = a.rt.Restore(gctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.imgDir + "-work",

@@ -1274,7 +1274,8 @@ func (o *outgoing) watchProgress() func() {
 	return func() { close(done); <-stopped }
 }
 
-// layerBytes is the size of the files under dir (the writable layer).
+// layerBytes is the size of the files under dir (the writable layer, or
+// a dump's images).
 func layerBytes(dir string) int64 {
 	var n int64
 	_ = filepath.WalkDir(dir, func(_ string, d os.DirEntry, err error) error {
@@ -1322,11 +1323,20 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 		if _, serr := os.Stat(filepath.Join(imgDir, "inventory.img")); serr != nil {
 			return fmt.Errorf("no checkpoint images in %s to restore from: %w", imgDir, serr)
 		}
+		// A lazy dump's images lack the pages its page server was to
+		// serve; CRIU restoring from them alone reads them forever.
+		if runs, lerr := precopy.LazyRuns(imgDir); lerr == nil && len(runs) > 0 {
+			return fmt.Errorf("the images in %s are a lazy dump's, %d runs of pages short (they died with CRIU's page server): nothing here to restore from", imgDir, len(runs))
+		}
 		lf, err := os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 		if err != nil {
 			return err
 		}
-		if _, err := a.rt.Restore(ctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true, FileLocks: true}, runc.IO{Stdout: lf, Stderr: lf}); err != nil {
+		// Bounded as a destination's restore is: a hung one is killed.
+		rctx, cancel := context.WithTimeout(ctx, migration.RestoreDeadline(layerBytes(imgDir)))
+		_, err = a.rt.Restore(rctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true, FileLocks: true}, runc.IO{Stdout: lf, Stderr: lf})
+		cancel()
+		if err != nil {
 			lf.Close()
 			return err
 		}
