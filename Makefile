@@ -9,7 +9,7 @@ export CGO_ENABLED := 0
 
 all: build
 
-build: $(BIN)/edgehop-criu
+build: $(BIN)/edgehop-criu $(BIN)/edgehop-criu-gate.so
 	@mkdir -p $(BIN)
 	$(GO) build $(GOFLAGS_BUILD) -o $(BIN)/edgehop ./cmd/edgehop
 	$(GO) build $(GOFLAGS_BUILD) -ldflags '-s -w' -o $(BIN)/probe ./cmd/probe
@@ -17,10 +17,17 @@ build: $(BIN)/edgehop-criu
 
 # The criu shim runc runs (cmd/edgehop-criu): C, for its start-up time.
 # Without a C compiler (make setup installs one) agents run CRIU directly.
-$(BIN)/edgehop-criu: cmd/edgehop-criu/edgehop-criu.c
+$(BIN)/edgehop-criu: cmd/edgehop-criu/edgehop-criu.c cmd/edgehop-criu/gate.h
 	@mkdir -p $(BIN)
 	@if command -v cc >/dev/null; then cc -O2 -Wall -Wextra -static -o $@ $<; \
 	else echo "no C compiler: $@ not built, agents run CRIU directly (make setup installs one)"; fi
+
+# The library the shim preloads into CRIU so that CRIU starts before its
+# gate opens (cmd/edgehop-criu/gate.c); without it CRIU starts after.
+$(BIN)/edgehop-criu-gate.so: cmd/edgehop-criu/gate.c cmd/edgehop-criu/gate.h
+	@mkdir -p $(BIN)
+	@if command -v cc >/dev/null; then cc -O2 -Wall -Wextra -shared -fPIC -o $@ $<; \
+	else echo "no C compiler: $@ not built"; fi
 
 # Installs what is missing (Debian packages, CRIU >= 4.2 built from source,
 # sysctls); a no-op when everything is there.

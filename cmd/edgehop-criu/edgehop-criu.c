@@ -8,12 +8,18 @@
  *    with CRIU's own reply, recorded once by the agent
  *    (EDGEHOP_CRIU_VERSION names the file), in well under 1 ms.
  *  - A dump request waits at a gate (EDGEHOP_CRIU_GATE, an abstract unix
- *    socket of the agent) before CRIU is started: runc starts, probes and
+ *    socket of the agent) before CRIU reads it: runc starts, probes and
  *    prepares while the service still runs; the agent freezes the service
  *    once runc is at the gate ("ready") and then lets CRIU in ("go").
- *    Anything else, or the agent gone, calls the dump off: this program
- *    exits and runc fails the checkpoint without CRIU having touched the
- *    container.
+ *    Anything else, or the agent gone, calls the dump off: CRIU exits
+ *    and runc fails the checkpoint without CRIU having touched the
+ *    container. When the agent names the gate library
+ *    (EDGEHOP_CRIU_GATE_LIB, gate.c, which it checked CRIU loads), CRIU
+ *    is started at once with that library preloaded, and waits at the
+ *    gate in its constructor: CRIU's exec, the loading of its ~20 shared
+ *    libraries and their constructors (3-7 ms on a busy 2-core node) fall
+ *    before the freeze. Otherwise this program waits at the gate and
+ *    starts CRIU after it.
  *  - A restore request waits at such a gate too, when the agent gives
  *    one: runc starts, mounts and prepares while the images are still on
  *    their way, and CRIU starts once they are all here.
@@ -36,6 +42,8 @@
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
+
+#include "gate.h"
 
 /* criu_req_type (criu/images/rpc.proto). */
 enum { REQ_DUMP = 1, REQ_RESTORE = 2, REQ_VERSION = 10 };
@@ -94,39 +102,6 @@ static int reply_version(int sk, const char *path)
 	exit(0);
 }
 
-/* await_gate returns when the agent lets the dump in, and exits otherwise. */
-static void await_gate(const char *name)
-{
-	struct sockaddr_un sa = { .sun_family = AF_UNIX };
-	size_t len = strlen(name);
-	char word[16];
-	ssize_t n;
-	int sk;
-
-	if (len == 0 || len >= sizeof(sa.sun_path) - 1) {
-		fprintf(stderr, "edgehop-criu: bad gate name\n");
-		exit(1);
-	}
-	memcpy(sa.sun_path + 1, name, len); /* abstract: sun_path[0] is 0 */
-	sk = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (sk < 0 || connect(sk, (struct sockaddr *)&sa, offsetof(struct sockaddr_un, sun_path) + 1 + len) < 0) {
-		fprintf(stderr, "edgehop-criu: gate %s: %s\n", name, strerror(errno));
-		exit(1);
-	}
-	if (send(sk, "ready\n", 6, MSG_NOSIGNAL) != 6) {
-		fprintf(stderr, "edgehop-criu: gate: %s\n", strerror(errno));
-		exit(1);
-	}
-	do
-		n = recv(sk, word, sizeof(word) - 1, 0);
-	while (n < 0 && errno == EINTR);
-	if (n < 3 || memcmp(word, "go\n", 3) != 0) {
-		fprintf(stderr, "edgehop-criu: called off by the agent\n");
-		exit(1);
-	}
-	close(sk);
-}
-
 int main(int argc, char **argv)
 {
 	const char *criu = getenv("EDGEHOP_CRIU");
@@ -153,8 +128,25 @@ int main(int argc, char **argv)
 	type = request_type(buf, n);
 	if (type == REQ_VERSION && version && version[0])
 		reply_version((int)sk, version); /* returns only when it cannot */
-	if ((type == REQ_DUMP || type == REQ_RESTORE) && gate && gate[0])
-		await_gate(gate);
+	if ((type == REQ_DUMP || type == REQ_RESTORE) && gate && gate[0]) {
+		const char *lib = getenv(ENV_GATE_LIB);
+
+		/*
+		 * Run with real ids other than its effective ones (a dump as
+		 * the service's user, runc.CheckpointOpts.RealIDs), CRIU is a
+		 * secure exec and the loader ignores LD_PRELOAD: CRIU would
+		 * not wait. Then this program waits.
+		 */
+		if (lib && lib[0] == '/' && getuid() == geteuid() && getgid() == getegid() && access(lib, R_OK) == 0) {
+			/* CRIU starts now and waits at the gate in its library. */
+			if (setenv("LD_PRELOAD", lib, 1) || setenv(ENV_GATE_WAIT, gate, 1)) {
+				fprintf(stderr, "edgehop-criu: setenv: %s\n", strerror(errno));
+				exit(1);
+			}
+		} else if (await_gate(gate) < 0) {
+			exit(1);
+		}
+	}
 	if (type >= 0) {
 		char t[24];
 

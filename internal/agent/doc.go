@@ -68,9 +68,13 @@
 // checkpoint` while S still serves, and runc's CRIU (edgehop-criu, a shim
 // in C in front of the real criu; runc.Gate) waits at a gate once runc has
 // started, probed CRIU's version (answered by the shim from CRIU's reply
-// recorded at start, on both nodes) and prepared the dump; A freezes S
-// and opens the gate, and calls the dump off (S untouched) on any failure
-// before it. CRIU is done with the images when it writes its last one
+// recorded at start, on both nodes) and prepared the dump; with the
+// shim's gate library (runc.GateLibName) the real CRIU has started too,
+// and waits in that library's constructor, so its exec and the loading of
+// its shared libraries (3-7 ms here) also fall before the freeze. A
+// freezes S and opens the gate, and calls the dump off (S untouched) on
+// any failure before it. This start counts in the migration's prepare
+// phase; its dump phase runs from the freeze to CRIU's last image. CRIU is done with the images when it writes its last one
 // (stats-dump): A ships them from then on while runc removes the dumped
 // container, and commits once runc is done. Pre-copy does not wait that
 // long: its final delta starts as the gate opens and sends each process's

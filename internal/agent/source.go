@@ -560,6 +560,10 @@ func (o *outgoing) freeze() error {
 	// made to.
 	opens, oerr := linux.PassiveOpens(o.pid)
 	accepting := (oerr == nil && opens > o.opens) || (o.synHold != nil && o.synHold.Held() > 0)
+	// What ran since the last phase (runc's and CRIU's start to the
+	// gate, the unit's members gathering, connection requests settling)
+	// ran with the service up: it is preparation, not the dump.
+	o.tm.Mark(migration.PhasePrepare)
 	o.res.Started = time.Now().UTC()
 	o.tm.Freeze()
 	fctx, fcancel := context.WithTimeoutCause(context.WithoutCancel(a.runCtx), o.budget, errFrozenBudget)

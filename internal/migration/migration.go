@@ -46,10 +46,10 @@ func ParseStrategy(s string) (Strategy, error) {
 
 // Phase names, in the order a migration passes them.
 const (
-	PhasePrepare  = "prepare"  // destination namespace, IP/MAC, lock chain, rootfs
+	PhasePrepare  = "prepare"  // destination namespace, IP/MAC, lock chain, rootfs; the dump's runc and CRIU started at their gate
 	PhasePrecopy  = "precopy"  // live rounds and the writable layer, service running
 	PhaseReserve  = "reserve"  // waiting for the memory the dump will need to be touched
-	PhaseDump     = "dump"     // freeze + CRIU dump on the source
+	PhaseDump     = "dump"     // from the freeze to CRIU's last image on the source
 	PhaseTransfer = "transfer" // images and writable layer to the destination
 	PhaseRestore  = "restore"  // CRIU restore on the destination
 	PhaseNetwork  = "network"  // FDB switch on every node

@@ -15,7 +15,13 @@
 // window; a dump's Ready comes when CRIU has written its last image,
 // before runc is done. A restore can wait at a gate too
 // (RestoreOpts.Gate): runc starts, mounts and prepares on descriptors.json
-// alone, and CRIU starts once the caller has the images in place. CRIU configuration (WriteCRIUConfig) keeps the
+// alone, and CRIU starts once the caller has the images in place. With
+// the shim's gate library next to it (GateLibName, checked once to load
+// into this criu), the real CRIU starts before the gate and waits in the
+// library's constructor, so its exec and dynamic loading fall before the
+// gate opens too; a criu run with real ids not its effective ones (a
+// secure exec: LD_PRELOAD ignored) is started by the shim after the gate.
+// CRIU configuration (WriteCRIUConfig) keeps the
 // masked directories and the /sys/fs/cgroup tmpfs out of the images as
 // external mounts (ExternalMasks, ExternalCgroupFS with
 // MountCgroupSkeleton), and a Spec can bind directories at /dev

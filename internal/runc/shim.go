@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -25,11 +26,18 @@ import (
 // installed next to the edgehop binary.
 const ShimName = "edgehop-criu"
 
+// GateLibName is the file name of the library the shim preloads into CRIU
+// (cmd/edgehop-criu/gate.c), installed next to the shim: CRIU then starts
+// before its gate opens and waits there, rather than after it.
+const GateLibName = "edgehop-criu-gate.so"
+
 // The shim's environment (see cmd/edgehop-criu).
 const (
 	shimEnvCRIU    = "EDGEHOP_CRIU"
 	shimEnvVersion = "EDGEHOP_CRIU_VERSION"
 	shimEnvGate    = "EDGEHOP_CRIU_GATE"
+	shimEnvGateLib = "EDGEHOP_CRIU_GATE_LIB"
+	gateEnvProbe   = "EDGEHOP_CRIU_GATE_PROBE"
 )
 
 // versionReplyFile is where, under Root, the Runtime keeps CRIU's reply
@@ -39,8 +47,9 @@ const versionReplyFile = ".criu-version-reply"
 
 // shimState is what a Runtime learnt once about its shim.
 type shimState struct {
-	once    sync.Once
-	version string // path of CRIU's recorded version reply; "" if none
+	once, gateOnce sync.Once
+	version        string // path of CRIU's recorded version reply; "" if none
+	gateLib        string // the gate library, checked to load into CRIU; "" if none
 }
 
 // shimEnv is the environment that makes runc use the shim: the real criu
@@ -54,11 +63,48 @@ func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
 		}
 		r.shim.version = path
 	})
+	r.shim.gateOnce.Do(func() {
+		lib := filepath.Join(filepath.Dir(r.Shim), GateLibName)
+		if _, err := os.Stat(lib); err != nil {
+			r.logger().Info("no criu gate library; CRIU starts when its gate opens", "err", err)
+			return
+		}
+		if err := probeGateLib(ctx, criu, lib); err != nil {
+			r.logger().Warn("criu does not load the gate library; CRIU starts when its gate opens", "lib", lib, "err", err)
+			return
+		}
+		r.shim.gateLib = lib
+	})
 	env := []string{shimEnvCRIU + "=" + criu}
 	if r.shim.version != "" {
 		env = append(env, shimEnvVersion+"="+r.shim.version)
 	}
+	if r.shim.gateLib != "" {
+		env = append(env, shimEnvGateLib+"="+r.shim.gateLib)
+	}
 	return env
+}
+
+// probeGateLib checks that criu loads lib and runs its constructor before
+// main: asked to, the library answers for criu. A static criu ignores
+// LD_PRELOAD, and would then not wait at the gate.
+func probeGateLib(ctx context.Context, criu, lib string) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, criu, "--version")
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, gateEnvProbe+"=1")
+	out, err := cmd.Output()
+	if got := string(out); got != "edgehop-criu-gate\n" {
+		return fmt.Errorf("criu --version with the library preloaded said %q (%v)", firstLine(got), err)
+	}
+	return nil
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 // WarmShim records CRIU's version reply for the shim now; otherwise the

@@ -1,10 +1,13 @@
 package runc_test
 
 import (
+	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -24,15 +27,36 @@ func advancing(t *testing.T, b *syncBuffer, what string) {
 }
 
 // TestGatedCheckpoint: a checkpoint with a gate waits, with runc started
-// and CRIU not yet run, while the container runs on; called off, it fails
-// and leaves the container running; opened, it dumps, and the container
-// restores and counts on (the shim also answers runc's version probe on
-// both).
+// and CRIU not yet let in, while the container runs on; called off, it
+// fails and leaves the container running; opened, it dumps, and the
+// container restores and counts on (the shim also answers runc's version
+// probe on both). With the gate library next to the shim, CRIU itself has
+// started and waits at the gate; without, it starts when the gate opens.
 func TestGatedCheckpoint(t *testing.T) {
+	shim := runc.BuildShimForTest(t)
+	if _, err := os.Stat(filepath.Join(filepath.Dir(shim), runc.GateLibName)); err != nil {
+		t.Fatalf("the shim's gate library: %v", err)
+	}
+	alone := filepath.Join(t.TempDir(), runc.ShimName)
+	if b, err := exec.Command("cp", shim, alone).CombinedOutput(); err != nil {
+		t.Fatalf("copy the shim: %v %s", err, b)
+	}
+	t.Run("criu started at the gate", func(t *testing.T) { testGatedCheckpoint(t, shim, true) })
+	t.Run("criu started after the gate", func(t *testing.T) { testGatedCheckpoint(t, alone, false) })
+}
+
+func testGatedCheckpoint(t *testing.T, shim string, criuEarly bool) {
 	ctx := context.Background()
 	r := newRuntime(t)
-	r.Shim = runc.BuildShimForTest(t)
+	r.Shim = shim
 	requireCRIU(t, r)
+	criu, err := exec.LookPath("criu")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if criu, err = filepath.EvalSymlinks(criu); err != nil {
+		t.Fatal(err)
+	}
 	id, spec, out := runCounter(t, r, "gate")
 	images := filepath.Join(t.TempDir(), "images")
 
@@ -54,6 +78,9 @@ func TestGatedCheckpoint(t *testing.T) {
 	cctx, cancel := context.WithCancel(ctx)
 	_, done := gated(cctx)
 	advancing(t, out, "at the gate")
+	if got := criuOf(t, criu, id); (got != 0) != criuEarly {
+		t.Fatalf("at the gate: criu process %d; want one: %v", got, criuEarly)
+	}
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("checkpoint called off at its gate succeeded")
@@ -63,6 +90,9 @@ func TestGatedCheckpoint(t *testing.T) {
 	}
 	if st, err := r.State(ctx, id); err != nil || st.Status != runc.StatusRunning {
 		t.Fatalf("after the called-off checkpoint: state %+v, %v; want running", st, err)
+	}
+	if pid := criuOf(t, criu, id); pid != 0 {
+		t.Fatalf("criu %d still there after the checkpoint was called off", pid)
 	}
 	advancing(t, out, "after the called-off checkpoint")
 
@@ -126,6 +156,39 @@ func TestGateWithoutShim(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
 		t.Fatalf("no images: %v", err)
 	}
+}
+
+// criuOf returns the pid of a criu process (its executable criu) whose
+// parent is a runc command about id, 0 if none.
+func criuOf(t *testing.T, criu, id string) int {
+	t.Helper()
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid)); err != nil || exe != criu {
+			continue
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid ...
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(f) < 2 {
+			continue
+		}
+		cmdline, _ := os.ReadFile("/proc/" + f[1] + "/cmdline")
+		if bytes.Contains(cmdline, []byte("runc")) && bytes.Contains(cmdline, []byte(id)) {
+			return pid
+		}
+	}
+	return 0
 }
 
 // runCounter runs a counter container named after prefix in a namespace

@@ -149,17 +149,21 @@ func countFDs() int {
 // ErrNoCC is BuildCRIUShim's error when there is no C compiler.
 var ErrNoCC = errors.New("no C compiler to build the criu shim (run 'make setup')")
 
-// BuildCRIUShim compiles the criu shim (cmd/edgehop-criu) to out as the
-// Makefile does.
+// BuildCRIUShim compiles the criu shim (cmd/edgehop-criu) to out, and its
+// gate library (runc.GateLibName) next to it, as the Makefile does.
 func BuildCRIUShim(out string) error {
 	cc, err := exec.LookPath("cc")
 	if err != nil {
 		return ErrNoCC
 	}
 	_, self, _, _ := runtime.Caller(0)
-	src := filepath.Join(filepath.Dir(self), "..", "..", "cmd", "edgehop-criu", "edgehop-criu.c")
-	if b, err := exec.Command(cc, "-O2", "-Wall", "-Wextra", "-static", "-o", out, src).CombinedOutput(); err != nil {
+	src := filepath.Join(filepath.Dir(self), "..", "..", "cmd", "edgehop-criu")
+	if b, err := exec.Command(cc, "-O2", "-Wall", "-Wextra", "-static", "-o", out, filepath.Join(src, "edgehop-criu.c")).CombinedOutput(); err != nil {
 		return fmt.Errorf("build the criu shim: %v: %s", err, b)
+	}
+	lib := filepath.Join(filepath.Dir(out), "edgehop-criu-gate.so")
+	if b, err := exec.Command(cc, "-O2", "-Wall", "-Wextra", "-shared", "-fPIC", "-o", lib, filepath.Join(src, "gate.c")).CombinedOutput(); err != nil {
+		return fmt.Errorf("build the criu gate library: %v: %s", err, b)
 	}
 	return nil
 }
