@@ -136,6 +136,10 @@ type incoming struct {
 	upper       string
 	warm        *linux.Reserve
 	sw          migration.Switched
+	// taking is closed when the network switch started by takeTraffic,
+	// which runs beside the state's reception, is done (nil: none
+	// running); joinTake waits for it.
+	taking chan struct{}
 	report      migration.RestoreReport
 	stateBytes  int64
 	recvMs      float64
@@ -156,6 +160,7 @@ type incoming struct {
 // it returns why the migration did not end well.
 func (in *incoming) loop(ctx context.Context, acts []migration.Action) error {
 	defer func() {
+		in.joinTake()
 		for i := len(in.cleanup) - 1; i >= 0; i-- {
 			in.cleanup[i]()
 		}
@@ -179,6 +184,10 @@ func (in *incoming) loop(ctx context.Context, acts []migration.Action) error {
 func (in *incoming) perform(ctx context.Context, acts []migration.Action) (migration.Event, bool) {
 	for _, act := range acts {
 		in.job.update(func(p *api.Progress) { p.Phase, p.Step = string(in.m.Phase()), act.Kind.String() })
+		if act.Kind != migration.ActReceive {
+			// Only the state's reception runs beside the switch.
+			in.joinTake()
+		}
 		switch act.Kind {
 		case migration.ActJournal:
 			if err := in.journal(act.Phase); err != nil {
@@ -375,13 +384,36 @@ func (in *incoming) canGate() bool {
 	return in.store == nil && !in.p.Strategy.Lazy() && in.a.rt.Shim != ""
 }
 
-// takeTraffic points the overlay here; the packets are held.
+// takeTraffic points the overlay here; the packets are held. The switch
+// takes a few round trips to the gateways and the source. When the
+// source sends the writable layer first (FreezeNotice.LayerFirst), it
+// runs while the state arrives (receiveState), so that the restore starts
+// on the layer that many milliseconds sooner: any other action waits for
+// it (joinTake). Otherwise the state comes after the dump, by which time
+// the switch is done: the two do not compete for the CPU.
 func (in *incoming) takeTraffic(ctx context.Context) {
 	_, _ = in.warm.Release(in.p.MemoryBytes)
 	if in.p.PodNet != "" && !in.frozen.PodNetwork {
 		return // another member of the pod took the pod's traffic
 	}
-	in.sw = in.a.takeTraffic(ctx, in.c, in.p.From, in.frozen.Accepting)
+	if !in.frozen.LayerFirst {
+		in.sw = in.a.takeTraffic(ctx, in.c, in.p.From, in.frozen.Accepting)
+		return
+	}
+	done := make(chan struct{})
+	in.taking = done
+	go func() {
+		defer close(done)
+		in.sw = in.a.takeTraffic(ctx, in.c, in.p.From, in.frozen.Accepting)
+	}()
+}
+
+// joinTake waits for the network switch takeTraffic started, if any.
+func (in *incoming) joinTake() {
+	if in.taking != nil {
+		<-in.taking
+		in.taking = nil
+	}
 }
 
 // scratchHeadroom is the scratch space a migration needs beyond the
@@ -430,6 +462,7 @@ func (in *incoming) sourceGaveUp(err error) error {
 
 // receiveState receives (or rebuilds) the images and the writable layer.
 func (in *incoming) receiveState(ctx context.Context) error {
+	defer in.joinTake()
 	return in.sourceGaveUp(in.receiveStreams(ctx))
 }
 
