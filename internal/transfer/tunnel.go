@@ -278,7 +278,13 @@ func (c *Conn) pipeLocked(ctx context.Context, nc *net.TCPConn, toNC, fromNC *at
 		}
 		if err := nc.CloseWrite(); err != nil {
 			fail(fmt.Errorf("half-close %s: %w", nc.RemoteAddr(), err))
+			return
 		}
+		// Read c to its end, right behind the marker (the peer's TLS
+		// close_notify, or its FIN): c closed with bytes unread would
+		// send a reset, which makes the peer drop what this side sent it
+		// and it had not read yet.
+		_, _ = io.Copy(io.Discard, c.br)
 	})
 	wg.Go(func() {
 		if err := copyChunked(c.nc, nc, fromNC); err != nil {
