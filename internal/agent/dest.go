@@ -126,20 +126,20 @@ type incoming struct {
 	frozen migration.FreezeNotice
 	p      migration.Prepare
 
-	c           *container
-	lower       string
-	claimed     bool
-	unreserve   func()
-	holder      *netplane.Holder
-	store       *precopy.Store
-	imgDir      string
-	upper       string
-	warm        *linux.Reserve
-	sw          migration.Switched
+	c         *container
+	lower     string
+	claimed   bool
+	unreserve func()
+	holder    *netplane.Holder
+	store     *precopy.Store
+	imgDir    string
+	upper     string
+	warm      *linux.Reserve
+	sw        migration.Switched
 	// taking is closed when the network switch started by takeTraffic,
 	// which runs beside the state's reception, is done (nil: none
 	// running); joinTake waits for it.
-	taking chan struct{}
+	taking      chan struct{}
 	report      migration.RestoreReport
 	stateBytes  int64
 	recvMs      float64

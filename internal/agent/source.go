@@ -871,9 +871,7 @@ func (o *outgoing) sendState() error {
 				o.startEarly()
 			}
 			<-o.early.done
-			o.res.BytesOnWire += o.early.st.WireBytes
-			o.res.StateBytes += o.early.st.PayloadBytes
-			o.res.Compressed = o.early.st.Compressed
+			o.addSent(o.early.st)
 			if o.early.err != nil {
 				return o.peerReason(o.early.err)
 			}
@@ -882,15 +880,13 @@ func (o *outgoing) sendState() error {
 		if err != nil {
 			return o.peerReason(fmt.Errorf("send images: %w", err))
 		}
-		o.res.BytesOnWire += st1.WireBytes
-		o.res.StateBytes += st1.PayloadBytes
-		o.res.Compressed = o.res.Compressed || st1.Compressed
+		o.addSent(st1)
 		o.res.CompressionNote = st1.AutoNote
 	}
 	opts.Name, opts.Overlay = "upper", true // whiteouts, opaque dirs, xattrs, hard links
 	var st2 transfer.Stats
 	var err error
-	if o.early != nil {
+	if o.layerFirst {
 		// The layer went first, while CRIU dumped.
 	} else if o.pre != nil {
 		// Only what changed since the live copy, and what is left.
@@ -903,9 +899,7 @@ func (o *outgoing) sendState() error {
 	if err != nil {
 		return o.peerReason(fmt.Errorf("send writable layer: %w", err))
 	}
-	o.res.BytesOnWire += st2.WireBytes
-	o.res.StateBytes += st2.PayloadBytes
-	o.res.Compressed = o.res.Compressed || st2.Compressed
+	o.addSent(st2)
 	o.tm.Mark(migration.PhaseTransfer)
 	// runc removed the dumped container meanwhile; nothing commits
 	// before it is done (a lazy dump's runc ends with its pages).
@@ -915,6 +909,13 @@ func (o *outgoing) sendState() error {
 		}
 	}
 	return nil
+}
+
+// addSent counts a stream of the state in the result.
+func (o *outgoing) addSent(st transfer.Stats) {
+	o.res.BytesOnWire += st.WireBytes
+	o.res.StateBytes += st.PayloadBytes
+	o.res.Compressed = o.res.Compressed || st.Compressed
 }
 
 // peerReason prefers the destination's own reason, if it gave one, to a

@@ -119,16 +119,24 @@ func (r *Runtime) checkRoot() error {
 	return nil
 }
 
-// stateExists reports whether runc has state for id under Root. runc keeps
-// one directory per container holding state.json.
 // validID reports whether id can name a directory under Root.
 func validID(id string) bool {
 	return id != "" && id != "." && id != ".." && !strings.ContainsAny(id, "/\x00")
 }
 
+// stateExists reports whether runc has state for id under Root. runc keeps
+// one directory per container holding state.json.
 func (r *Runtime) stateExists(id string) bool {
 	_, err := os.Stat(filepath.Join(r.Root, id, "state.json"))
 	return err == nil
+}
+
+// stateDirExists reports whether runc's directory for id may be there,
+// even without state.json (a runc killed while it made or removed it):
+// only its certain absence is false, so that Delete decides otherwise.
+func (r *Runtime) stateDirExists(id string) bool {
+	_, err := os.Lstat(filepath.Join(r.Root, id))
+	return !errors.Is(err, os.ErrNotExist)
 }
 
 // invocation is one runc command.
@@ -336,7 +344,7 @@ func (r *Runtime) start(ctx context.Context, inv invocation, bundle string, o IO
 		// runc has exited; whatever it or a half-started container wrote
 		// is drained into o.
 		st.wait(context.Background(), 2*time.Second)
-		if _, serr := os.Lstat(filepath.Join(r.Root, inv.id)); !existed && serr == nil {
+		if !existed && r.stateDirExists(inv.id) {
 			// context.Background: clean up even when ctx is what failed.
 			// (A runc killed midway leaves no state.json: Delete copes.)
 			if derr := r.Delete(context.Background(), inv.id, true); derr != nil && !errors.Is(derr, ErrNotFound) {
@@ -463,7 +471,7 @@ func (r *Runtime) RemoveDumped(ctx context.Context, id string) error {
 	case err != nil && !validID(id):
 		return nil
 	case err != nil:
-		if _, serr := os.Lstat(filepath.Join(r.Root, id)); errors.Is(serr, os.ErrNotExist) {
+		if !r.stateDirExists(id) {
 			return nil // removed, the usual end of a dump
 		}
 	}
