@@ -74,9 +74,10 @@
 // its shared libraries (3-7 ms here) also fall before the freeze. A
 // freezes S and opens the gate, and calls the dump off (S untouched) on
 // any failure before it. This start counts in the migration's prepare
-// phase; its dump phase runs from the freeze to CRIU's last image. CRIU is done with the images when it writes its last one
-// (stats-dump): A ships them from then on while runc removes the dumped
-// container, and commits once runc is done. Pre-copy does not wait that
+// phase; its dump phase runs from the freeze to CRIU's last image. CRIU
+// is done with the images when it writes its last one (stats-dump): A
+// ships them from then on while runc removes the dumped container, and
+// commits once runc is done. Pre-copy does not wait that
 // long: its final delta starts as the gate opens and sends each process's
 // pages as soon as CRIU has written them (precopy.DumpWatch), so the
 // transfer of a many-process service overlaps its dump. Stop-and-copy
@@ -86,8 +87,9 @@
 // descriptors.json; B mounts the root file system on them and starts
 // `runc restore`, whose CRIU waits at a gate of its own (runc.RestoreOpts
 // Gate), runc niced until the gate opens so that on a shared host it
-// does not slow the dump; the images follow, and with the last one B
-// opens the gate and only CRIU's restore is left. No tmpfs is left for CRIU to
+// does not slow the dump; B switches the network meanwhile (the other
+// strategies before the state comes); the images follow, and with the
+// last one B opens the gate and only CRIU's restore is left. No tmpfs is left for CRIU to
 // tar and untar (4-6 ms each, a side): the masked directories and the
 // /sys/fs/cgroup tmpfs are external mounts bound on restore to read-only
 // copies made at the agent's start (runc.ExternalMasks,
