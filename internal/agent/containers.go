@@ -88,6 +88,11 @@ func (a *Agent) nsPath(name string) string { return filepath.Join(a.netnsDir(), 
 func (a *Agent) logPath(name string) string {
 	return filepath.Join(a.dir(name), "output.log")
 }
+
+// openLog opens the container's output file for appending, creating it.
+func (a *Agent) openLog(name string) (*os.File, error) {
+	return os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+}
 func (a *Agent) cgroupsPath(name string) string {
 	// Unique per node on a shared host: the node's state dir is unique.
 	return "/edgehop/" + filepath.Base(filepath.Dir(filepath.Dir(a.cfg.StateDir))) + "-" + a.cfg.Node + "/" + name
@@ -425,7 +430,7 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if err := runc.WriteBundle(a.bundle(r.Name), spec); err != nil {
 		return api.Container{}, err
 	}
-	lf, err := os.OpenFile(a.logPath(r.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	lf, err := a.openLog(r.Name)
 	if err != nil {
 		return api.Container{}, err
 	}

@@ -341,7 +341,7 @@ func (in *incoming) setup(ctx context.Context) error {
 	_ = os.RemoveAll(in.imgDir)
 	in.cleanup = append(in.cleanup, func() {
 		os.RemoveAll(in.imgDir)
-		os.RemoveAll(in.imgDir + "-work")
+		os.RemoveAll(in.workDir())
 		os.RemoveAll(in.imgDir + "-images")
 	})
 	in.upper = filepath.Join(a.dir(p.Name), "upper")
@@ -582,12 +582,7 @@ func (g *gatedRestore) open(ctx context.Context) error {
 // `runc restore`, which waits at its gate for restore to open it.
 func (in *incoming) startGated(ctx context.Context) error {
 	a, p := in.a, in.p
-	tMount := time.Now()
-	if err := linux.MountOverlay(in.lower, in.upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
-		return err
-	}
-	in.mountMs = migration.Ms(time.Since(tMount))
-	lf, err := os.OpenFile(a.logPath(p.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	lf, err := in.mountRootfs()
 	if err != nil {
 		return err
 	}
@@ -607,8 +602,9 @@ func (in *incoming) startGated(ctx context.Context) error {
 	})
 	go func() {
 		defer close(g.done)
-		_, g.err = a.rt.Restore(gctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.imgDir + "-work",
-			TCPEstablished: true, FileLocks: true, Gate: g.gate}, runc.IO{Stdout: lf, Stderr: lf})
+		o := in.restoreOpts()
+		o.Gate = g.gate
+		_, g.err = a.rt.Restore(gctx, p.Name, a.bundle(p.Name), o, runc.IO{Stdout: lf, Stderr: lf})
 	}()
 	return nil
 }
@@ -629,8 +625,9 @@ func (in *incoming) restore(ctx context.Context) error {
 			return err
 		}
 		run = func(ctx context.Context) error {
-			_, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.imgDir + "-work",
-				TCPEstablished: true, FileLocks: true, LazyPages: p.Strategy.Lazy()}, runc.IO{Stdout: lf, Stderr: lf})
+			o := in.restoreOpts()
+			o.LazyPages = p.Strategy.Lazy()
+			_, err := a.rt.Restore(ctx, p.Name, a.bundle(p.Name), o, runc.IO{Stdout: lf, Stderr: lf})
 			return err
 		}
 	}
@@ -680,18 +677,11 @@ func (in *incoming) restore(ctx context.Context) error {
 // lazy-pages daemon); it returns the service's output file.
 func (in *incoming) prepareRestore(ctx context.Context) (*os.File, error) {
 	a, p := in.a, in.p
-	tMount := time.Now()
-	if err := linux.MountOverlay(in.lower, in.upper, filepath.Join(a.dir(p.Name), "work"), a.rootfs(p.Name)); err != nil {
-		return nil, err
-	}
-	in.mountMs = migration.Ms(time.Since(tMount))
-	lf, err := os.OpenFile(a.logPath(p.Name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	lf, err := in.mountRootfs()
 	if err != nil {
 		return nil, err
 	}
-	lazy := p.Strategy.Lazy()
-	work := in.imgDir + "-work"
-	if lazy {
+	if p.Strategy.Lazy() {
 		// Pages come from the source's page server through an
 		// authenticated tunnel; the daemon outlives the restore.
 		dial, err := a.tunnelDialer(p.From)
@@ -721,7 +711,7 @@ func (in *incoming) prepareRestore(ctx context.Context) (*os.File, error) {
 				return nil, fmt.Errorf("page proxy: %w", err)
 			}
 		}
-		if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: work, PageServer: pageServer}); err != nil {
+		if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: in.workDir(), PageServer: pageServer}); err != nil {
 			lf.Close()
 			return nil, fmt.Errorf("lazy-pages daemon: %w", err)
 		}
@@ -729,6 +719,27 @@ func (in *incoming) prepareRestore(ctx context.Context) (*os.File, error) {
 	}
 	return lf, nil
 }
+
+// mountRootfs mounts the root file system on the received layer and
+// opens the service's output file.
+func (in *incoming) mountRootfs() (*os.File, error) {
+	a, name := in.a, in.p.Name
+	t := time.Now()
+	if err := linux.MountOverlay(in.lower, in.upper, filepath.Join(a.dir(name), "work"), a.rootfs(name)); err != nil {
+		return nil, err
+	}
+	in.mountMs = migration.Ms(time.Since(t))
+	return a.openLog(name)
+}
+
+// restoreOpts are the options of every restore here: the images
+// received, TCP connections and file locks kept.
+func (in *incoming) restoreOpts() runc.RestoreOpts {
+	return runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.workDir(), TCPEstablished: true, FileLocks: true}
+}
+
+// workDir is where CRIU's restore writes its logs and statistics.
+func (in *incoming) workDir() string { return in.imgDir + "-work" }
 
 // podRestoreWait bounds how long a restored pod member waits for the
 // others (whose state may still be arriving) before it gives up.
@@ -825,7 +836,7 @@ func (in *incoming) ackCommit(ctx context.Context) {
 	defer cancel()
 	sw := in.sw
 	sw.Restore = in.report
-	if st, err := runc.ReadRestoreStats(in.imgDir + "-work"); err == nil {
+	if st, err := runc.ReadRestoreStats(in.workDir()); err == nil {
 		sw.Restore.CRIU = restoreStatsMap(st)
 	}
 	_ = in.conn.WriteMsg(wctx, migration.MsgSwitched, sw)

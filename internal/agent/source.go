@@ -212,9 +212,9 @@ func (f *finalSend) halt() {
 // service CRIU had to freeze itself sends them after the dump, still
 // before the images.)
 type earlySend struct {
-	done chan struct{} // closed with st and err set
-	st   transfer.Stats
-	err  error
+	done              chan struct{} // closed with layer, descriptors and err set
+	layer, descriptor transfer.Stats
+	err               error
 }
 
 // startEarly sends the writable layer, then descriptors.json, which runc
@@ -231,18 +231,13 @@ func (o *outgoing) startEarly() {
 		defer close(e.done)
 		opts := o.send
 		opts.Name, opts.Overlay = "upper", true
-		st, err := o.conn.SendDir(ctx, filepath.Join(o.a.dir(o.rec.Container), "upper"), opts)
-		e.st = st
-		if err != nil {
+		var err error
+		if e.layer, err = o.conn.SendDir(ctx, filepath.Join(o.a.dir(o.rec.Container), "upper"), opts); err != nil {
 			e.err = fmt.Errorf("send writable layer: %w", err)
 			return
 		}
 		opts.Name, opts.Overlay = "descriptors", false
-		st, err = o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts)
-		e.st.WireBytes += st.WireBytes
-		e.st.PayloadBytes += st.PayloadBytes
-		e.st.Compressed = e.st.Compressed || st.Compressed
-		if err != nil {
+		if e.descriptor, err = o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts); err != nil {
 			e.err = fmt.Errorf("send runc's descriptors: %w", err)
 		}
 	}()
@@ -871,7 +866,8 @@ func (o *outgoing) sendState() error {
 				o.startEarly()
 			}
 			<-o.early.done
-			o.addSent(o.early.st)
+			o.addSent(o.early.layer)
+			o.addSent(o.early.descriptor)
 			if o.early.err != nil {
 				return o.peerReason(o.early.err)
 			}
@@ -1333,7 +1329,7 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 		if runs, lerr := precopy.LazyRuns(imgDir); lerr == nil && len(runs) > 0 {
 			return fmt.Errorf("the images in %s are a lazy dump's, %d runs of pages short (they died with CRIU's page server): nothing here to restore from", imgDir, len(runs))
 		}
-		lf, err := os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+		lf, err := a.openLog(name)
 		if err != nil {
 			return err
 		}

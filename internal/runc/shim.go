@@ -95,16 +95,10 @@ func probeGateLib(ctx context.Context, criu, lib string) error {
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, gateEnvProbe+"=1")
 	out, err := cmd.Output()
 	if got := string(out); got != "edgehop-criu-gate\n" {
-		return fmt.Errorf("criu --version with the library preloaded said %q (%v)", firstLine(got), err)
+		first, _, _ := strings.Cut(got, "\n")
+		return fmt.Errorf("criu --version with the library preloaded said %q (%v)", first, err)
 	}
 	return nil
-}
-
-func firstLine(s string) string {
-	if i := strings.IndexByte(s, '\n'); i >= 0 {
-		return s[:i]
-	}
-	return s
 }
 
 // WarmShim records CRIU's version reply for the shim now; otherwise the
