@@ -3,7 +3,9 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
@@ -75,23 +77,19 @@ type GroupResult struct {
 }
 
 // migrateGroup moves the group's members (all on one node) to r.To as
-// one unit, and brings back any that moved when another failed.
+// one unit, and brings back any that moved when another failed. A group
+// split between two nodes (a member moved alone) is made whole on r.To
+// when r.To is one of them: the other node's members move there as one.
 func migrateGroup(ctx context.Context, st *testbed.State, group string, members []api.Container, r api.MigrateRequest, asJSON bool, timeout time.Duration) error {
-	from := members[0].Node
-	for _, m := range members {
-		if m.Node != from {
-			return fmt.Errorf("group %s is split between %s and %s; a group moves from one node", group, from, m.Node)
-		}
-	}
-	if from == r.To {
-		return fmt.Errorf("group %s already runs on %s", group, r.To)
+	from, rejoin, err := groupSource(group, members, r.To)
+	if err != nil {
+		return err
 	}
 	r.LinkBps = int64(st.PathRate(from, r.To))
 	clients := agents(st)
 	fctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	res := GroupResult{Group: group, From: from, To: r.To}
-	var err error
 	if res.Members, err = runGroupJobs(fctx, clients[from], group, r); err != nil {
 		return err
 	}
@@ -99,13 +97,20 @@ func migrateGroup(ctx context.Context, st *testbed.State, group string, members 
 	res.OK, res.DowntimeMs, res.TotalMs = unit.OK, unit.DowntimeMs, unit.TotalMs
 	if !res.OK {
 		res.Error = "the group stays on " + from + ": " + unit.Error
+		if rejoin {
+			res.Error = "the group stays split between " + from + " and " + r.To + ": " + unit.Error
+		}
 		var moved []string
 		for _, m := range res.Members {
 			if m.OK {
 				moved = append(moved, m.Container)
 			}
 		}
-		if len(moved) > 0 {
+		if len(moved) > 0 && rejoin {
+			// The destination's own members never left it: moving the
+			// group "back" would take them too.
+			res.Error += fmt.Sprintf("; %v moved to %s nevertheless", moved, r.To)
+		} else if len(moved) > 0 {
 			// Restored there after the unit committed, while another
 			// member's restore failed: move them back, as one.
 			back := r
@@ -158,4 +163,31 @@ func groupResults(jobs []api.Job) ([]migration.Result, error) {
 		}
 	}
 	return out, nil
+}
+
+// groupSource is the node a migration of group to dest moves members
+// from: the one node other than dest that holds members. rejoin: dest
+// holds members too (the group runs split and this makes it whole).
+func groupSource(group string, members []api.Container, dest string) (from string, rejoin bool, err error) {
+	var others []string
+	for _, m := range members {
+		switch {
+		case m.Node == dest:
+			rejoin = true
+		case !slices.Contains(others, m.Node):
+			others = append(others, m.Node)
+		}
+	}
+	switch len(others) {
+	case 0:
+		return "", false, fmt.Errorf("group %s already runs on %s", group, dest)
+	case 1:
+		return others[0], rejoin, nil
+	}
+	if rejoin {
+		others = append(others, dest)
+	}
+	sort.Strings(others)
+	return "", false, fmt.Errorf("group %s runs split across %s and a group moves from one node: gather it on one of them first, member by member ('edgehop migrate MEMBER --to %s'), or, split between two nodes, as one ('edgehop migrate %s --to %s')",
+		group, strings.Join(others, ", "), others[0], group, others[0])
 }

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -419,6 +420,73 @@ func TestEngineGroups(t *testing.T) {
 	e.Groups("node1", []string{"app", "other"})
 	if s, _ := e.Service("app"); !s.Group || s.Node != "node1" {
 		t.Fatalf("after node1 reported it: %+v", s)
+	}
+}
+
+// A group whose members run on two nodes (one moved alone) is reported
+// whole by each node's agent, which knows only its own members: the
+// controller marks it split, records an event each way, and decides
+// nothing for it until one node alone reports it again.
+func TestGroupSplitAcrossNodes(t *testing.T) {
+	c, _ := newTestController(t, ":memory:")
+	ctx := context.Background()
+	if _, err := c.AddUser(ctx, "alice", "172.31.0.2", topo.Point{X: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddService(ctx, ServiceState{Name: "app", User: "alice", Node: "node0",
+		Policy: policy.Config{Kind: policy.KindRegion}}); err != nil {
+		t.Fatal(err)
+	}
+	beat := func(node string, containers []string, groups ...string) {
+		t.Helper()
+		if _, err := c.Heartbeat(ctx, api.Heartbeat{Node: node, Containers: containers, Groups: groups}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	decides := func() bool { return len(c.eng.Decide("alice", time.Now())) > 0 }
+	beat("node0", []string{"db", "web"}, "app")
+	beat("node1", nil)
+	if s, _ := c.eng.Service("app"); s.Split != nil || s.Node != "node0" || !decides() {
+		t.Fatalf("whole on node0: %+v", s)
+	}
+	beat("node1", []string{"web"}, "app")
+	beat("node0", []string{"db"}, "app")
+	s, _ := c.eng.Service("app")
+	if !slices.Equal(s.Split, []string{"node0", "node1"}) || decides() {
+		t.Fatalf("split: %+v", s)
+	}
+	// Its two halves stay split whichever reports last.
+	beat("node1", []string{"web"}, "app")
+	if s, _ := c.eng.Service("app"); len(s.Split) != 2 {
+		t.Fatalf("split, node1 again: %+v", s)
+	}
+	beat("node1", nil)
+	if s, _ := c.eng.Service("app"); s.Split != nil || s.Node != "node0" || !decides() {
+		t.Fatalf("whole on node0 again: %+v", s)
+	}
+	// A node that died holds no part.
+	beat("node1", []string{"web"}, "app")
+	c.eng.Tick(time.Now().Add(time.Hour))
+	beat("node0", []string{"db"}, "app")
+	if s, _ := c.eng.Service("app"); s.Split != nil {
+		t.Fatalf("node1 dead: %+v", s)
+	}
+	var kinds []string
+	es, err := c.store.History(ctx, KindEvents, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, en := range slices.Backward(es) { // newest first
+		var ev Event
+		if err := json.Unmarshal(en.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(ev.Type, "group-") {
+			kinds = append(kinds, ev.Type)
+		}
+	}
+	if want := []string{"group-split", "group-whole", "group-split", "group-whole"}; !slices.Equal(kinds, want) {
+		t.Fatalf("events %v, want %v", kinds, want)
 	}
 }
 

@@ -11,7 +11,9 @@
 // virtual AP between AP namespaces), starts migration jobs on the source
 // node's agent and records what they report. A service that is a group
 // or pod (Engine.Groups, from the heartbeats) moves as one: its members'
-// jobs are one migration record (migration.UnitResult). The model
+// jobs are one migration record (migration.UnitResult); reported whole
+// by two live nodes (a member moved alone), it is Split and not moved
+// until one node alone reports it again. The model
 // predicts a migration from the memory the service's agent measures
 // (Engine.Memory; a group's is its members' sum), the operator's declared
 // memory only until one is reported. Handler serves the operator API

@@ -2,6 +2,7 @@ package controller
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -24,6 +25,9 @@ type NodeState struct {
 	Alive         bool      `json:"alive"`
 	// Containers the agent reported running.
 	Containers []string `json:"containers"`
+	// Groups the agent reported running whole there (its members there
+	// all run; it knows no others).
+	Groups []string `json:"groups,omitempty"`
 	// NeighbourRTTMs: Teka's possible neighbour database, as measured.
 	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`
 }
@@ -66,6 +70,11 @@ type ServiceState struct {
 	// Group: the service is a group (or pod) of containers, as its node's
 	// agent reports it (Engine.Groups); it moves as one.
 	Group bool `json:"group,omitempty"`
+	// Split lists the nodes a group runs on when it runs on more than
+	// one (a member was moved alone): each agent reports its part whole,
+	// since none knows the others. No decision is made for it until it
+	// runs on one node again.
+	Split []string `json:"split,omitempty"`
 
 	// unplaced: read back from the store by a restarted controller and
 	// not yet seen in an agent's heartbeat, so Node may be stale (a
@@ -156,18 +165,56 @@ func (e *Engine) Heartbeat(node, address string, linkBps float64, containers []s
 
 // Groups records the groups (and pods) node's agent reports running
 // whole there: a service of one of these names is that group, runs on
-// node, and moves as one.
-func (e *Engine) Groups(node string, groups []string) {
+// node, and moves as one. A group that another live node reports too
+// runs split across them (Split); changed lists the services whose Split
+// this report changed.
+func (e *Engine) Groups(node string, groups []string) (changed []ServiceState) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	for _, g := range groups {
-		if s, ok := e.services[g]; ok {
+	n, ok := e.nodes[node]
+	if !ok {
+		return nil
+	}
+	touched := append(slices.Clone(n.Groups), groups...)
+	n.Groups = slices.Clone(groups)
+	slices.Sort(touched)
+	for _, g := range slices.Compact(touched) {
+		s, ok := e.services[g]
+		if !ok {
+			continue
+		}
+		if slices.Contains(groups, g) {
 			s.Group = true
-			if s.Migrating == "" {
-				s.Node, s.unplaced = node, false
+		}
+		var split []string
+		if s.Migrating == "" {
+			// Otherwise its parts are the migration's two ends.
+			switch on := e.holdersLocked(g); len(on) {
+			case 0:
+			case 1:
+				s.Node, s.unplaced = on[0], false
+			default:
+				split = on
 			}
 		}
+		if !slices.Equal(split, s.Split) {
+			s.Split = split // replaced, never changed in place: copies share it
+			changed = append(changed, *s)
+		}
 	}
+	return changed
+}
+
+// holdersLocked lists the live nodes whose last report has group g whole.
+func (e *Engine) holdersLocked(g string) []string {
+	var on []string
+	for _, n := range e.nodes {
+		if n.Alive && slices.Contains(n.Groups, g) {
+			on = append(on, n.Name)
+		}
+	}
+	slices.Sort(on)
+	return on
 }
 
 // Memory records the resident memory node's agent reports for the
@@ -380,7 +427,7 @@ func (e *Engine) DecideEach(user string, now time.Time, fn func(policy.Decision)
 // or its user is unknown.
 func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool) {
 	s := e.services[name]
-	if s == nil || s.Migrating != "" || s.unplaced {
+	if s == nil || s.Migrating != "" || s.unplaced || s.Split != nil {
 		return policy.Decision{}, false
 	}
 	u := e.users[s.User]
@@ -449,6 +496,7 @@ func (e *Engine) Snapshot() (nodes []NodeState, users []UserState, services []Se
 	for _, n := range e.nodes {
 		c := *n
 		c.Containers = append([]string(nil), n.Containers...)
+		c.Groups = slices.Clone(n.Groups)
 		c.NeighbourRTTMs = copyMap(n.NeighbourRTTMs)
 		nodes = append(nodes, c)
 	}
@@ -501,7 +549,7 @@ func (e *Engine) Restore(users []UserState, services []ServiceState) {
 	}
 	for _, s := range services {
 		sc := s
-		sc.Migrating = "" // the agents' heartbeats tell where it runs
+		sc.Migrating, sc.Split = "", nil // the agents' heartbeats tell where it runs
 		sc.unplaced = true
 		if _, dup := e.services[s.Name]; !dup {
 			e.byUser[s.User] = append(e.byUser[s.User], s.Name)

@@ -183,7 +183,9 @@ func (e *env) checkGroupIntact(when string, db, web *redisConn, node, linkID str
 // depends on it, joined by the replication connection) migrates as one
 // with each strategy. Every time the whole group lands on the new node,
 // the clients' connections to both members and the connection between
-// them are kept, and the data is complete on both.
+// them are kept, and the data is complete on both. Then web moves alone,
+// splitting the group: it no longer moves to a third node, and moved to
+// web's node, db joins it there, the connections and data kept.
 func TestGroupMigrates(t *testing.T) {
 	e := newEnv(t)
 	st := servicesTestbed(e)
@@ -195,6 +197,21 @@ func TestGroupMigrates(t *testing.T) {
 		e.migrateWhole("app", to, strategy, 2)
 		e.checkGroupIntact("after "+strategy, db, web, to, link, n, size, i+1)
 	}
+	// Split: web moves alone. The group then moves only to where it can
+	// be made whole, and db joins web there as one unit.
+	k := len(strategies)
+	at, alone, third := st.Nodes[k%3].Name, st.Nodes[(k+1)%3].Name, st.Nodes[(k+2)%3].Name
+	var mr migResult
+	e.mustJSON(&mr, "migrate", "web", "--to", alone, "--json")
+	if !mr.OK {
+		t.Fatalf("web alone to %s: %+v", alone, mr)
+	}
+	_, errs, err := e.run("migrate", "app", "--to", third)
+	if err == nil || !strings.Contains(errs, "runs split across") {
+		t.Fatalf("the split group moved to %s from %s and %s: err %v\n%s", third, at, alone, err, errs)
+	}
+	e.migrateWhole("app", alone, string(migration.StopAndCopy), 1)
+	e.checkGroupIntact("made whole on "+alone, db, web, alone, link, n, size, k+1)
 }
 
 // TestGroupRollsBackAsOne: the destination's runc fails to restore one
