@@ -191,6 +191,19 @@ func runPs(ctx context.Context, args []string) error {
 		}
 		return err
 	}
+	// A group with members on two nodes runs split (a member moved
+	// alone); 'migrate GROUP --to N' makes it whole.
+	at := map[string]string{}
+	split := map[string]bool{}
+	for _, c := range all {
+		if c.Group == "" {
+			continue
+		}
+		if n, ok := at[c.Group]; ok && n != c.Node {
+			split[c.Group] = true
+		}
+		at[c.Group] = c.Node
+	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "NAME\tGROUP\tNODE\tIMAGE\tIP\tPORTS\tUSER\tSTATUS\tPID")
 	for _, c := range all {
@@ -208,6 +221,9 @@ func runPs(ctx context.Context, args []string) error {
 		}
 		if len(c.After) > 0 {
 			group += " (after " + strings.Join(c.After, ",") + ")"
+		}
+		if split[c.Group] {
+			group += " (split)"
 		}
 		if user == "" {
 			user = "root"

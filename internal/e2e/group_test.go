@@ -206,12 +206,18 @@ func TestGroupMigrates(t *testing.T) {
 	if !mr.OK {
 		t.Fatalf("web alone to %s: %+v", alone, mr)
 	}
+	if out := e.must("ps"); strings.Count(out, "(split)") != 2 {
+		t.Fatalf("ps, web moved alone, shows both members split? \n%s", out)
+	}
 	_, errs, err := e.run("migrate", "app", "--to", third)
 	if err == nil || !strings.Contains(errs, "runs split across") {
 		t.Fatalf("the split group moved to %s from %s and %s: err %v\n%s", third, at, alone, err, errs)
 	}
 	e.migrateWhole("app", alone, string(migration.StopAndCopy), 1)
 	e.checkGroupIntact("made whole on "+alone, db, web, alone, link, n, size, k+1)
+	if out := e.must("ps"); strings.Contains(out, "(split)") {
+		t.Fatalf("ps, the group whole again, shows it split:\n%s", out)
+	}
 }
 
 // TestGroupRollsBackAsOne: the destination's runc fails to restore one
