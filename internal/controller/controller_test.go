@@ -425,8 +425,10 @@ func TestEngineGroups(t *testing.T) {
 
 // A group whose members run on two nodes (one moved alone) is reported
 // whole by each node's agent, which knows only its own members: the
-// controller marks it split, records an event each way, and decides
-// nothing for it until one node alone reports it again.
+// controller marks it split once both have reported it twice in a row
+// (not in the moment after a migration, the source's last report still
+// having it), records an event each way, and decides nothing for it
+// until one node alone reports it again.
 func TestGroupSplitAcrossNodes(t *testing.T) {
 	c, _ := newTestController(t, ":memory:")
 	ctx := context.Background()
@@ -449,22 +451,37 @@ func TestGroupSplitAcrossNodes(t *testing.T) {
 	if s, _ := c.eng.Service("app"); s.Split != nil || s.Node != "node0" || !decides() {
 		t.Fatalf("whole on node0: %+v", s)
 	}
-	beat("node1", []string{"web"}, "app")
-	beat("node0", []string{"db"}, "app")
+	// Moved whole to node1: node1 reports it before node0 reports it gone.
+	beat("node0", []string{"db", "web"}, "app")
+	beat("node1", []string{"db", "web"}, "app")
+	if s, _ := c.eng.Service("app"); s.Split != nil || s.Node != "node1" {
+		t.Fatalf("moved to node1, node0 not yet reporting it gone: %+v", s)
+	}
+	beat("node0", nil)
+	beat("node1", []string{"db", "web"}, "app")
+	// web moves back to node0 alone: two nodes hold it, report after report.
+	beat("node0", []string{"web"}, "app")
+	beat("node1", []string{"db"}, "app")
+	if s, _ := c.eng.Service("app"); s.Split != nil {
+		t.Fatalf("split after one report of node0: %+v", s)
+	}
+	beat("node0", []string{"web"}, "app")
 	s, _ := c.eng.Service("app")
 	if !slices.Equal(s.Split, []string{"node0", "node1"}) || decides() {
 		t.Fatalf("split: %+v", s)
 	}
 	// Its two halves stay split whichever reports last.
-	beat("node1", []string{"web"}, "app")
+	beat("node1", []string{"db"}, "app")
 	if s, _ := c.eng.Service("app"); len(s.Split) != 2 {
 		t.Fatalf("split, node1 again: %+v", s)
 	}
+	// db joins web on node0.
 	beat("node1", nil)
 	if s, _ := c.eng.Service("app"); s.Split != nil || s.Node != "node0" || !decides() {
 		t.Fatalf("whole on node0 again: %+v", s)
 	}
 	// A node that died holds no part.
+	beat("node1", []string{"web"}, "app")
 	beat("node1", []string{"web"}, "app")
 	c.eng.Tick(time.Now().Add(time.Hour))
 	beat("node0", []string{"db"}, "app")

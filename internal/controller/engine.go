@@ -28,6 +28,10 @@ type NodeState struct {
 	// Groups the agent reported running whole there (its members there
 	// all run; it knows no others).
 	Groups []string `json:"groups,omitempty"`
+	// beats counts, for each of Groups, the reports in a row that had it:
+	// a node's report from before a migration ended is not yet replaced
+	// when the destination's first one comes.
+	beats map[string]int
 	// NeighbourRTTMs: Teka's possible neighbour database, as measured.
 	NeighbourRTTMs map[string]float64 `json:"neighbour_rtt_ms,omitempty"`
 }
@@ -177,6 +181,11 @@ func (e *Engine) Groups(node string, groups []string) (changed []ServiceState) {
 	}
 	touched := append(slices.Clone(n.Groups), groups...)
 	n.Groups = slices.Clone(groups)
+	beats := make(map[string]int, len(groups))
+	for _, g := range groups {
+		beats[g] = n.beats[g] + 1
+	}
+	n.beats = beats
 	slices.Sort(touched)
 	for _, g := range slices.Compact(touched) {
 		s, ok := e.services[g]
@@ -189,12 +198,14 @@ func (e *Engine) Groups(node string, groups []string) (changed []ServiceState) {
 		var split []string
 		if s.Migrating == "" {
 			// Otherwise its parts are the migration's two ends.
-			switch on := e.holdersLocked(g); len(on) {
-			case 0:
-			case 1:
+			on, steady := e.holdersLocked(g)
+			switch {
+			case len(steady) > 1:
+				split = steady
+			case slices.Contains(on, node):
+				s.Node, s.unplaced = node, false
+			case len(on) == 1:
 				s.Node, s.unplaced = on[0], false
-			default:
-				split = on
 			}
 		}
 		if !slices.Equal(split, s.Split) {
@@ -205,16 +216,22 @@ func (e *Engine) Groups(node string, groups []string) (changed []ServiceState) {
 	return changed
 }
 
-// holdersLocked lists the live nodes whose last report has group g whole.
-func (e *Engine) holdersLocked(g string) []string {
-	var on []string
+// holdersLocked lists the live nodes whose last report has group g
+// whole, and of them those whose last two reports had it (steady): a
+// group is split when two nodes hold it steadily, not for the moment a
+// migration's source has yet to report it gone.
+func (e *Engine) holdersLocked(g string) (on, steady []string) {
 	for _, n := range e.nodes {
 		if n.Alive && slices.Contains(n.Groups, g) {
 			on = append(on, n.Name)
+			if n.beats[g] > 1 {
+				steady = append(steady, n.Name)
+			}
 		}
 	}
 	slices.Sort(on)
-	return on
+	slices.Sort(steady)
+	return on, steady
 }
 
 // Memory records the resident memory node's agent reports for the
@@ -497,6 +514,7 @@ func (e *Engine) Snapshot() (nodes []NodeState, users []UserState, services []Se
 		c := *n
 		c.Containers = append([]string(nil), n.Containers...)
 		c.Groups = slices.Clone(n.Groups)
+		c.beats = nil
 		c.NeighbourRTTMs = copyMap(n.NeighbourRTTMs)
 		nodes = append(nodes, c)
 	}
