@@ -34,6 +34,10 @@ type Agent struct {
 	plane *netplane.Plane
 	rt    *runc.Runtime
 	peers map[string]*api.Client // by peer name
+	// cgroupV1 is this node's cgroup v1 layout for containers whose
+	// /sys/fs/cgroup is made of binds (migration.Process.CgroupBinds);
+	// nil on a host without cgroup v1 hierarchies.
+	cgroupV1 *runc.CgroupV1
 
 	mu         sync.Mutex            // guards containers, busy and ipReserved
 	containers map[string]*container // by name
@@ -146,7 +150,12 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	if cgfs {
+		// (A container made before CgroupBinds has runc's cgroup mount,
+		// whose tmpfs this keeps out of the images.)
 		criuConf += runc.ExternalCgroupFS(a.cgroupFSDir())
+		if a.cgroupV1, err = runc.LoadCgroupV1(a.cgroupFSDir()); err != nil {
+			return fmt.Errorf("cgroup hierarchies: %w", err)
+		}
 	}
 	if err := runc.WriteCRIUConfig(a.criuConfig(), criuConf); err != nil {
 		return fmt.Errorf("criu config: %w", err)

@@ -392,6 +392,7 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if err := os.MkdirAll(a.dir(r.Name), 0o755); err != nil {
 		return api.Container{}, err
 	}
+	m.CgroupBinds = a.cgroupV1 != nil
 	// /dev in the layer too, where device nodes work.
 	if m.DevInLayer, err = runc.DevicesAllowed(a.dir(r.Name)); err != nil {
 		return api.Container{}, err
@@ -505,6 +506,12 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 	if m.DevInLayer {
 		s.DevDir = a.inLayer(m.Name, migration.DevDir)
 	}
+	if m.CgroupBinds {
+		if a.cgroupV1 == nil {
+			return s, fmt.Errorf("%s's /sys/fs/cgroup binds its cgroup v1 hierarchies, and this node has none runc manages", m.Name)
+		}
+		s.CgroupV1 = a.cgroupV1
+	}
 	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {
 		return s, nil
 	}
@@ -519,6 +526,16 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 // criuConfig is the CRIU configuration file of this node's containers
 // (written at start: runc.SkipNetworkLock and runc.ExternalMasks).
 func (a *Agent) criuConfig() string { return filepath.Join(a.cfg.StateDir, "criu.conf") }
+
+// makeCgroups creates the cgroups a container of m whose /sys/fs/cgroup
+// is made of binds has them bound to, before runc restores it
+// (runc.CgroupV1.Make).
+func (a *Agent) makeCgroups(m meta) error {
+	if !m.CgroupBinds || a.cgroupV1 == nil {
+		return nil
+	}
+	return a.cgroupV1.Make(a.cgroupsPath(m.Name))
+}
 
 // cgroupFSDir is the read-only skeleton of a container's /sys/fs/cgroup
 // that restored containers are bound to (runc.ExternalCgroupFS).
@@ -544,6 +561,9 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 	// runc state cannot read), force-delete it.
 	if err := a.rt.Delete(ctx, name, true); err != nil && !errors.Is(err, runc.ErrNotFound) {
 		errs = append(errs, err)
+	}
+	if a.cgroupV1 != nil {
+		errs = append(errs, a.cgroupV1.Remove(a.cgroupsPath(name)))
 	}
 	errs = append(errs, linux.Unmount(a.rootfs(name)))
 	a.mu.Lock()

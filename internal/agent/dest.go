@@ -307,6 +307,9 @@ func (in *incoming) setup(ctx context.Context) error {
 			return fmt.Errorf("%s's /dev travels in its writable layer, and %s here is mounted nodev: device nodes would not work", p.Name, a.cfg.StateDir)
 		}
 	}
+	if p.Process.CgroupBinds && a.cgroupV1 == nil {
+		return fmt.Errorf("%s's /sys/fs/cgroup binds its cgroup v1 hierarchies, and this node has none runc manages (a cgroup v2 host, or hierarchies mounted from a cgroup namespace)", p.Name)
+	}
 	if err := a.writeMeta(m); err != nil {
 		return err
 	}
@@ -335,6 +338,9 @@ func (in *incoming) setup(ctx context.Context) error {
 		return err
 	}
 	if err := runc.WriteBundle(a.bundle(p.Name), spec); err != nil {
+		return err
+	}
+	if err := a.makeCgroups(m); err != nil {
 		return err
 	}
 	in.imgDir = filepath.Join(a.scratchDir(), p.Name+"-in")

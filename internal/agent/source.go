@@ -1329,6 +1329,9 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 		if runs, lerr := precopy.LazyRuns(imgDir); lerr == nil && len(runs) > 0 {
 			return fmt.Errorf("the images in %s are a lazy dump's, %d runs of pages short (they died with CRIU's page server): nothing here to restore from", imgDir, len(runs))
 		}
+		if err := a.makeCgroups(c.meta); err != nil {
+			return err
+		}
 		lf, err := a.openLog(name)
 		if err != nil {
 			return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -136,6 +137,9 @@ func (e *env) checkGroupIntact(when string, db, web *redisConn, node, linkID str
 	}
 	if len(ps) != 2 {
 		e.t.Fatalf("%s: ps = %+v, want db and web", when, ps)
+	}
+	for _, c := range ps {
+		checkOwnCgroup(e.t, when, c)
 	}
 	stats, err := db.do("INFO", "stats")
 	if err != nil {
@@ -571,4 +575,37 @@ func runcWrapperFor(t *testing.T, sub, name, action string) string {
 		t.Fatal(err)
 	}
 	return dir
+}
+
+// checkOwnCgroup fails the test unless c's /sys/fs/cgroup/memory, where
+// it has one, shows the memory cgroup it is in, its own on its node
+// (runc 1.1 restored a cgroup mount as the agent's cgroup).
+func checkOwnCgroup(t *testing.T, when string, c ctr) {
+	t.Helper()
+	mi, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", c.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", c.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var in string
+	for _, l := range strings.Split(string(cg), "\n") {
+		if f := strings.SplitN(l, ":", 3); len(f) == 3 && f[1] == "memory" {
+			in = f[2]
+		}
+	}
+	if in == "" {
+		return // no memory cgroup v1 hierarchy here
+	}
+	for _, l := range strings.Split(string(mi), "\n") {
+		if f := strings.Fields(l); len(f) > 4 && f[4] == "/sys/fs/cgroup/memory" {
+			if f[3] != in || !strings.HasSuffix(in, "-"+c.Node+"/"+c.Name) {
+				t.Fatalf("%s: %s's /sys/fs/cgroup/memory shows cgroup %s; it is in %s, on %s", when, c.Name, f[3], in, c.Node)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s: %s has no /sys/fs/cgroup/memory", when, c.Name)
 }

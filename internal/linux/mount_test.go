@@ -51,9 +51,11 @@ func TestParseMountinfo(t *testing.T) {
 	data := `36 25 0:31 / /sys/fs/cgroup/cpu,cpuacct rw,nosuid shared:12 - cgroup cgroup rw,cpu,cpuacct
 37 25 0:32 / /mnt/a\040b rw - tmpfs tmpfs rw
 short line
-38 25 0:33 / /no/type rw`
+38 25 0:33 / /no/type rw
+39 25 0:34 /edgehop/x\040y /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory`
 	got := parseMountinfo(data)
-	want := []mount{{"/sys/fs/cgroup/cpu,cpuacct", "cgroup"}, {"/mnt/a b", "tmpfs"}, {"/no/type", ""}}
+	want := []mount{{"/sys/fs/cgroup/cpu,cpuacct", "cgroup", "/"}, {"/mnt/a b", "tmpfs", "/"}, {"/no/type", "", "/"},
+		{"/sys/fs/cgroup/memory", "cgroup", "/edgehop/x y"}}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v, want %+v", got, want)
 	}

@@ -276,8 +276,26 @@ func MountPointsOfType(fstype string) ([]string, error) {
 	return out, nil
 }
 
-// mount is one line of /proc/self/mountinfo: where, and of which type.
-type mount struct{ point, fstype string }
+// MountRootsOfType maps the mount points of file systems of type fstype
+// to the roots they show of their file system ("/" for a whole cgroup
+// hierarchy, a cgroup's path for a bind of it).
+func MountRootsOfType(fstype string) (map[string]string, error) {
+	ms, err := mountinfo()
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]string{}
+	for _, m := range ms {
+		if m.fstype == fstype {
+			out[m.point] = m.root
+		}
+	}
+	return out, nil
+}
+
+// mount is one line of /proc/self/mountinfo: where, of which type, and
+// which directory of its file system it shows.
+type mount struct{ point, fstype, root string }
 
 func mountinfo() ([]mount, error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
@@ -298,7 +316,7 @@ func parseMountinfo(data string) []mount {
 		if len(f) < 5 {
 			continue
 		}
-		m := mount{point: unescapeMount(f[4])}
+		m := mount{point: unescapeMount(f[4]), root: unescapeMount(f[3])}
 		if t := strings.Fields(post); len(t) > 0 {
 			m.fstype = t[0]
 		}

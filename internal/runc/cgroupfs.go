@@ -8,6 +8,7 @@ import (
 	"sort"
 	"strings"
 
+	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/linux"
@@ -164,4 +165,109 @@ func DevicesAllowed(path string) (bool, error) {
 		return false, err
 	}
 	return st.Flags&unix.ST_NODEV == 0, nil
+}
+
+// CgroupV1 is a node's cgroup v1 layout for containers whose
+// /sys/fs/cgroup is made of bind mounts (Spec.CgroupV1) rather than runc's
+// cgroup mount. runc 1.1 restores a container's cgroup mount by binding
+// the hierarchies' cgroups of the restoring runc process itself (it reads
+// /proc/self/cgroup), so a migrated container saw the agent's cgroups, or
+// the hierarchies' roots, instead of its own. Binds name the container's
+// own cgroups on every node, and runc maps them on restore as it maps
+// every bind mount.
+type CgroupV1 struct {
+	// Skeleton is MountCgroupSkeleton's directory, bound read-only at
+	// /sys/fs/cgroup.
+	Skeleton string
+	// Hierarchies maps the skeleton's directories whose controllers runc
+	// manages (it makes the container's cgroup in each) to the host's
+	// mount point of the hierarchy.
+	Hierarchies map[string]string
+}
+
+// runcV1Controllers are the cgroup v1 controllers runc 1.1's cgroup
+// manager makes a container's cgroup in ("systemd" is the name=systemd
+// hierarchy's directory).
+var runcV1Controllers = map[string]bool{
+	"cpuset": true, "devices": true, "memory": true, "cpu": true, "cpuacct": true, "pids": true, "blkio": true,
+	"hugetlb": true, "net_cls": true, "net_prio": true, "perf_event": true, "freezer": true, "rdma": true, "systemd": true,
+}
+
+// LoadCgroupV1 reads this host's cgroup v1 hierarchies for containers
+// bound on skeleton (MountCgroupSkeleton's directory). It returns nil on
+// a host without them, or where a hierarchy is mounted from below its
+// root (a cgroup namespace): such hosts keep runc's cgroup mount.
+func LoadCgroupV1(skeleton string) (*CgroupV1, error) {
+	roots, err := linux.MountRootsOfType("cgroup")
+	if err != nil {
+		return nil, err
+	}
+	c := &CgroupV1{Skeleton: skeleton, Hierarchies: map[string]string{}}
+	for point, root := range roots {
+		if strings.HasPrefix(point, skeleton+"/") {
+			continue // a container's, not the host's
+		}
+		if root != "/" {
+			return nil, nil
+		}
+		dir := filepath.Base(point)
+		if _, seen := c.Hierarchies[dir]; seen {
+			continue
+		}
+		managed := false
+		for _, ctrl := range strings.Split(dir, ",") {
+			managed = managed || runcV1Controllers[ctrl]
+		}
+		if managed {
+			c.Hierarchies[dir] = point
+		}
+	}
+	if len(c.Hierarchies) == 0 {
+		return nil, nil
+	}
+	return c, nil
+}
+
+// mounts are the mounts of a container's /sys/fs/cgroup whose cgroups
+// are at cgroupsPath in every hierarchy: the skeleton, and on each of its
+// directories the container's cgroup, all read-only as runc mounts them.
+func (c *CgroupV1) mounts(cgroupsPath string) []specs.Mount {
+	opts := []string{"bind", "ro", "nosuid", "noexec", "nodev"}
+	ms := []specs.Mount{{Destination: "/sys/fs/cgroup", Type: "bind", Source: c.Skeleton, Options: opts}}
+	dirs := make([]string, 0, len(c.Hierarchies))
+	for d := range c.Hierarchies {
+		dirs = append(dirs, d)
+	}
+	sort.Strings(dirs)
+	for _, d := range dirs {
+		ms = append(ms, specs.Mount{Destination: "/sys/fs/cgroup/" + d, Type: "bind",
+			Source: filepath.Join(c.Hierarchies[d], cgroupsPath), Options: opts})
+	}
+	return ms
+}
+
+// Make creates the container's cgroup at cgroupsPath in each hierarchy.
+// runc makes them only once CRIU runs, and a restore binds them before:
+// they must be there first.
+func (c *CgroupV1) Make(cgroupsPath string) error {
+	for _, point := range c.Hierarchies {
+		if err := os.MkdirAll(filepath.Join(point, cgroupsPath), 0o755); err != nil {
+			return fmt.Errorf("cgroup: %w", err)
+		}
+	}
+	return nil
+}
+
+// Remove removes the container's cgroups that are left (runc removes its
+// own when it deletes the container; a restore that failed before runc
+// made its state leaves those Make made). A cgroup still holding tasks is
+// an error.
+func (c *CgroupV1) Remove(cgroupsPath string) error {
+	var errs []error
+	for _, point := range c.Hierarchies {
+		if err := os.Remove(filepath.Join(point, cgroupsPath)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			errs = append(errs, fmt.Errorf("cgroup: %w", err))
+		}
+	}
+	return errors.Join(errs...)
 }

@@ -2,11 +2,15 @@ package runc_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"sort"
+	"strconv"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
@@ -196,4 +200,98 @@ func devEntries(t *testing.T, dir string) map[string]string {
 		out[e.Name()] = d
 	}
 	return out
+}
+
+// TestCgroupBindsFollowTheContainer: a container whose /sys/fs/cgroup is
+// the skeleton with binds of its cgroups (Spec.CgroupV1) sees its own
+// cgroup in every hierarchy, and, restored under another cgroup path (as
+// on another node), sees that one: runc's cgroup mount, restored by runc
+// 1.1, binds the cgroups of the restoring runc process instead.
+func TestCgroupBindsFollowTheContainer(t *testing.T) {
+	ctx := context.Background()
+	r := newRuntime(t)
+	requireCRIU(t, r)
+	skel := filepath.Join(t.TempDir(), "cgroupfs")
+	if ok, err := runc.MountCgroupSkeleton(skel); err != nil {
+		t.Fatal(err)
+	} else if !ok {
+		t.Skip("skipped: no cgroup v1 hierarchies (runc mounts cgroup2, no tmpfs)")
+	}
+	t.Cleanup(func() { _ = unix.Unmount(skel, unix.MNT_DETACH) })
+	v1, err := runc.LoadCgroupV1(skel)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1 == nil {
+		t.Skip("skipped: the cgroup v1 hierarchies are mounted from below their roots (a cgroup namespace)")
+	}
+	conf := filepath.Join(t.TempDir(), "criu.conf")
+	if err := runc.WriteCRIUConfig(conf, runc.SkipNetworkLock+runc.ExternalCgroupFS(skel)); err != nil {
+		t.Fatal(err)
+	}
+	ns := testutil.NewNetNS(t, "cgb")
+	id := testutil.UniqueName("cgb")
+	spec := testSpec(t, ns, counterArgs...)
+	spec.Annotations = map[string]string{runc.CRIUConfigAnnotation: conf}
+	spec.CgroupV1 = v1
+	var out syncBuffer
+	pid, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out, Stderr: &out})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitCount(t, &out, 3)
+	checkOwnCgroups(t, "run", pid, v1, spec.CgroupsPath)
+
+	images := filepath.Join(t.TempDir(), "images")
+	if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images}); err != nil {
+		t.Fatal(err)
+	}
+	last := out.ints(t)
+	spec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
+	if err := v1.Make(spec.CgroupsPath); err != nil {
+		t.Fatal(err)
+	}
+	var after syncBuffer
+	pid, err = r.Restore(ctx, id, writeBundle(t, spec), runc.RestoreOpts{ImagePath: images}, runc.IO{Stdout: &after, Stderr: &after})
+	if err != nil {
+		t.Fatal(err)
+	}
+	consecutive(t, "after restore", waitCount(t, &after, 3), last[len(last)-1]+1)
+	checkOwnCgroups(t, "restored", pid, v1, spec.CgroupsPath)
+	if err := r.Delete(ctx, id, true); err != nil {
+		t.Fatal(err)
+	}
+	if err := v1.Remove(spec.CgroupsPath); err != nil {
+		t.Error(err)
+	}
+	for _, point := range v1.Hierarchies {
+		if _, err := os.Stat(filepath.Join(point, spec.CgroupsPath)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("cgroup %s left: %v", filepath.Join(point, spec.CgroupsPath), err)
+		}
+	}
+}
+
+// checkOwnCgroups fails the test unless every hierarchy pid sees at
+// /sys/fs/cgroup is a read-only bind of cgroupsPath, and pid is in it.
+func checkOwnCgroups(t *testing.T, when string, pid int, v1 *runc.CgroupV1, cgroupsPath string) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := map[string]string{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(line); len(f) > 5 && strings.HasPrefix(f[4], "/sys/fs/cgroup/") {
+			roots[strings.TrimPrefix(f[4], "/sys/fs/cgroup/")] = f[3] + " " + strings.Split(f[5], ",")[0]
+		}
+	}
+	for d := range v1.Hierarchies {
+		if roots[d] != cgroupsPath+" ro" {
+			t.Errorf("%s: /sys/fs/cgroup/%s shows %q, want %q read-only", when, d, roots[d], cgroupsPath)
+		}
+	}
+	procs, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup/memory/cgroup.procs", pid))
+	if _, ok := v1.Hierarchies["memory"]; ok && (err != nil || !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(pid))) {
+		t.Errorf("%s: the container's memory cgroup.procs %q (%v) lacks its pid %d", when, procs, err, pid)
+	}
 }

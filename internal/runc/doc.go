@@ -26,6 +26,12 @@
 // external mounts (ExternalMasks, ExternalCgroupFS with
 // MountCgroupSkeleton), and a Spec can bind directories at /dev
 // (MakeDevDir) and /dev/shm instead of tmpfs mounts, which CRIU would tar.
+// On a cgroup v1 host a Spec's /sys/fs/cgroup can be binds too
+// (CgroupV1): the skeleton, and on it the container's own cgroup per
+// hierarchy, which runc maps on restore to the cgroup the restoring node
+// gives the container (CgroupV1.Make makes it first). runc 1.1 restores
+// its own cgroup mount as binds of the restoring runc's cgroups, so a
+// migrated container saw the agent's.
 // Restore first rewrites the images' tasks that CRIU recorded as
 // interrupted in a poll, sleep or futex wait so that they wait again
 // (criuimg.RestartSyscalls): a service that does not retry on EINTR would
