@@ -34,9 +34,9 @@ type Agent struct {
 	plane *netplane.Plane
 	rt    *runc.Runtime
 	peers map[string]*api.Client // by peer name
-	// cgroupV1 is this node's cgroup v1 layout for containers whose
-	// /sys/fs/cgroup is made of binds (migration.Process.CgroupBinds);
-	// nil on a host without cgroup v1 hierarchies.
+	// cgroupV1 is this node's cgroup v1 hierarchies, whose container
+	// cgroups a restore starts runc in (restoreCgroups); nil on a host
+	// without them.
 	cgroupV1 *runc.CgroupV1
 
 	mu         sync.Mutex            // guards containers, busy and ipReserved
@@ -140,7 +140,7 @@ func (a *Agent) Run(ctx context.Context) error {
 			return fmt.Errorf("mask directory: %w", err)
 		}
 	}
-	criuConf := runc.SkipNetworkLock + runc.ExternalMasks(a.maskDir())
+	criuConf := runc.SkipNetworkLock + runc.IgnoreCgroups + runc.ExternalMasks(a.maskDir())
 	// So is a container's /sys/fs/cgroup tmpfs, to a skeleton of it
 	// (runc.ExternalCgroupFS), on a cgroup v1 host.
 	cgfs := linux.IsMountPoint(a.cgroupFSDir())
@@ -150,10 +150,8 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 	}
 	if cgfs {
-		// (A container made before CgroupBinds has runc's cgroup mount,
-		// whose tmpfs this keeps out of the images.)
 		criuConf += runc.ExternalCgroupFS(a.cgroupFSDir())
-		if a.cgroupV1, err = runc.LoadCgroupV1(a.cgroupFSDir()); err != nil {
+		if a.cgroupV1, err = runc.LoadCgroupV1(); err != nil {
 			return fmt.Errorf("cgroup hierarchies: %w", err)
 		}
 	}

@@ -392,7 +392,6 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if err := os.MkdirAll(a.dir(r.Name), 0o755); err != nil {
 		return api.Container{}, err
 	}
-	m.CgroupBinds = a.cgroupV1 != nil
 	// /dev in the layer too, where device nodes work.
 	if m.DevInLayer, err = runc.DevicesAllowed(a.dir(r.Name)); err != nil {
 		return api.Container{}, err
@@ -506,12 +505,6 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 	if m.DevInLayer {
 		s.DevDir = a.inLayer(m.Name, migration.DevDir)
 	}
-	if m.CgroupBinds {
-		if a.cgroupV1 == nil {
-			return s, fmt.Errorf("%s's /sys/fs/cgroup binds its cgroup v1 hierarchies, and this node has none runc manages", m.Name)
-		}
-		s.CgroupV1 = a.cgroupV1
-	}
 	if a.cfg.Seccomp != nil && !*a.cfg.Seccomp {
 		return s, nil
 	}
@@ -524,17 +517,22 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 }
 
 // criuConfig is the CRIU configuration file of this node's containers
-// (written at start: runc.SkipNetworkLock and runc.ExternalMasks).
+// (written at start: runc.SkipNetworkLock, runc.IgnoreCgroups,
+// runc.ExternalMasks and runc.ExternalCgroupFS).
 func (a *Agent) criuConfig() string { return filepath.Join(a.cfg.StateDir, "criu.conf") }
 
-// makeCgroups creates the cgroups a container of m whose /sys/fs/cgroup
-// is made of binds has them bound to, before runc restores it
-// (runc.CgroupV1.Make).
-func (a *Agent) makeCgroups(m meta) error {
-	if !m.CgroupBinds || a.cgroupV1 == nil {
-		return nil
+// restoreCgroups makes the container's cgroup v1 cgroups, which runc
+// restores it in (runc.RestoreOpts.Cgroups); nil on a host without
+// cgroup v1 hierarchies.
+func (a *Agent) restoreCgroups(name string) ([]string, error) {
+	if a.cgroupV1 == nil {
+		return nil, nil
 	}
-	return a.cgroupV1.Make(a.cgroupsPath(m.Name))
+	p := a.cgroupsPath(name)
+	if err := a.cgroupV1.Make(p); err != nil {
+		return nil, err
+	}
+	return a.cgroupV1.Dirs(p), nil
 }
 
 // cgroupFSDir is the read-only skeleton of a container's /sys/fs/cgroup

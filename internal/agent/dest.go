@@ -133,6 +133,7 @@ type incoming struct {
 	holder    *netplane.Holder
 	store     *precopy.Store
 	imgDir    string
+	cgroups   []string // the service's cgroups, which runc restores it in
 	upper     string
 	warm      *linux.Reserve
 	sw        migration.Switched
@@ -307,9 +308,6 @@ func (in *incoming) setup(ctx context.Context) error {
 			return fmt.Errorf("%s's /dev travels in its writable layer, and %s here is mounted nodev: device nodes would not work", p.Name, a.cfg.StateDir)
 		}
 	}
-	if p.Process.CgroupBinds && a.cgroupV1 == nil {
-		return fmt.Errorf("%s's /sys/fs/cgroup binds its cgroup v1 hierarchies, and this node has none runc manages (a cgroup v2 host, or hierarchies mounted from a cgroup namespace)", p.Name)
-	}
 	if err := a.writeMeta(m); err != nil {
 		return err
 	}
@@ -340,7 +338,7 @@ func (in *incoming) setup(ctx context.Context) error {
 	if err := runc.WriteBundle(a.bundle(p.Name), spec); err != nil {
 		return err
 	}
-	if err := a.makeCgroups(m); err != nil {
+	if in.cgroups, err = a.restoreCgroups(p.Name); err != nil {
 		return err
 	}
 	in.imgDir = filepath.Join(a.scratchDir(), p.Name+"-in")
@@ -741,7 +739,7 @@ func (in *incoming) mountRootfs() (*os.File, error) {
 // restoreOpts are the options of every restore here: the images
 // received, TCP connections and file locks kept.
 func (in *incoming) restoreOpts() runc.RestoreOpts {
-	return runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.workDir(), TCPEstablished: true, FileLocks: true}
+	return runc.RestoreOpts{ImagePath: in.imgDir, WorkPath: in.workDir(), TCPEstablished: true, FileLocks: true, Cgroups: in.cgroups}
 }
 
 // workDir is where CRIU's restore writes its logs and statistics.

@@ -93,8 +93,8 @@
 // tar and untar (4-6 ms each, a side): the masked directories and the
 // /sys/fs/cgroup tmpfs are external mounts bound on restore to read-only
 // copies made at the agent's start (runc.ExternalMasks,
-// runc.ExternalCgroupFS; a container's cgroups are binds of its own on
-// each node, migration.Process CgroupBinds), and /dev and /dev/shm are directories of the
+// runc.ExternalCgroupFS; runc restores in the container's cgroups, so
+// that it binds those at /sys/fs/cgroup, not the agent's), and /dev and /dev/shm are directories of the
 // writable layer bound there (migration.Process DevInLayer, ShmInLayer;
 // runc.MakeDevDir makes /dev as runc would), so their files travel, and
 // are pre-copied, with the layer. B's restore is bounded

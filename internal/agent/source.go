@@ -1329,7 +1329,8 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 		if runs, lerr := precopy.LazyRuns(imgDir); lerr == nil && len(runs) > 0 {
 			return fmt.Errorf("the images in %s are a lazy dump's, %d runs of pages short (they died with CRIU's page server): nothing here to restore from", imgDir, len(runs))
 		}
-		if err := a.makeCgroups(c.meta); err != nil {
+		cgroups, err := a.restoreCgroups(name)
+		if err != nil {
 			return err
 		}
 		lf, err := a.openLog(name)
@@ -1338,7 +1339,7 @@ func (a *Agent) restoreLocal(ctx context.Context, c *container, imgDir string, t
 		}
 		// Bounded as a destination's restore is: a hung one is killed.
 		rctx, cancel := context.WithTimeout(ctx, migration.RestoreDeadline(layerBytes(imgDir)))
-		_, err = a.rt.Restore(rctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true, FileLocks: true}, runc.IO{Stdout: lf, Stderr: lf})
+		_, err = a.rt.Restore(rctx, name, a.bundle(name), runc.RestoreOpts{ImagePath: imgDir, WorkPath: imgDir + "-rollback", TCPEstablished: true, FileLocks: true, Cgroups: cgroups}, runc.IO{Stdout: lf, Stderr: lf})
 		cancel()
 		if err != nil {
 			lf.Close()

@@ -359,12 +359,6 @@ type Process struct {
 	// by the agent as runc makes a tmpfs /dev (runc.MakeDevDir). Only on
 	// a node whose state directory allows device nodes.
 	DevInLayer bool `json:"dev_in_layer,omitempty"`
-	// CgroupBinds: the service's /sys/fs/cgroup is its node's skeleton
-	// with a read-only bind of its own cgroup per cgroup v1 hierarchy
-	// (runc.CgroupV1), which each node makes of the service's cgroup
-	// there. Services created before it have runc's cgroup mount, which a
-	// restore by runc 1.1 binds to the agent's cgroups.
-	CgroupBinds bool `json:"cgroup_binds,omitempty"`
 	// Group is the application the service belongs to (it migrates with
 	// the group's other members as one unit), After the members it
 	// depends on.

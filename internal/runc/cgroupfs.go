@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 
-	specs "github.com/opencontainers/runtime-spec/specs-go"
 	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/linux"
@@ -167,21 +167,16 @@ func DevicesAllowed(path string) (bool, error) {
 	return st.Flags&unix.ST_NODEV == 0, nil
 }
 
-// CgroupV1 is a node's cgroup v1 layout for containers whose
-// /sys/fs/cgroup is made of bind mounts (Spec.CgroupV1) rather than runc's
-// cgroup mount. runc 1.1 restores a container's cgroup mount by binding
-// the hierarchies' cgroups of the restoring runc process itself (it reads
-// /proc/self/cgroup), so a migrated container saw the agent's cgroups, or
-// the hierarchies' roots, instead of its own. Binds name the container's
-// own cgroups on every node, and runc maps them on restore as it maps
-// every bind mount.
+// CgroupV1 is a node's cgroup v1 hierarchies that runc manages, for
+// restores that start runc in the container's cgroups
+// (RestoreOpts.Cgroups). runc 1.1 restores a container's cgroup mount
+// as binds of the cgroups the restoring runc process is in (it reads
+// /proc/self/cgroup): started in the agent's, it gave a migrated
+// container the agent's memory cgroup and the other hierarchies' roots.
 type CgroupV1 struct {
-	// Skeleton is MountCgroupSkeleton's directory, bound read-only at
-	// /sys/fs/cgroup.
-	Skeleton string
-	// Hierarchies maps the skeleton's directories whose controllers runc
-	// manages (it makes the container's cgroup in each) to the host's
-	// mount point of the hierarchy.
+	// Hierarchies maps each hierarchy's directory name under
+	// /sys/fs/cgroup ("memory", "cpu,cpuacct", "systemd") to its host
+	// mount point.
 	Hierarchies map[string]string
 }
 
@@ -193,32 +188,29 @@ var runcV1Controllers = map[string]bool{
 	"hugetlb": true, "net_cls": true, "net_prio": true, "perf_event": true, "freezer": true, "rdma": true, "systemd": true,
 }
 
-// LoadCgroupV1 reads this host's cgroup v1 hierarchies for containers
-// bound on skeleton (MountCgroupSkeleton's directory). It returns nil on
-// a host without them, or where a hierarchy is mounted from below its
-// root (a cgroup namespace): such hosts keep runc's cgroup mount.
-func LoadCgroupV1(skeleton string) (*CgroupV1, error) {
+// LoadCgroupV1 reads this host's cgroup v1 hierarchies whose controllers
+// runc manages. It returns nil on a host without them, or where one is
+// mounted from below its root (a cgroup namespace): runc's view of its
+// own cgroups is then not the container's path.
+func LoadCgroupV1() (*CgroupV1, error) {
 	roots, err := linux.MountRootsOfType("cgroup")
 	if err != nil {
 		return nil, err
 	}
-	c := &CgroupV1{Skeleton: skeleton, Hierarchies: map[string]string{}}
+	c := &CgroupV1{Hierarchies: map[string]string{}}
 	for point, root := range roots {
-		if strings.HasPrefix(point, skeleton+"/") {
-			continue // a container's, not the host's
-		}
-		if root != "/" {
-			return nil, nil
-		}
 		dir := filepath.Base(point)
-		if _, seen := c.Hierarchies[dir]; seen {
-			continue
-		}
 		managed := false
 		for _, ctrl := range strings.Split(dir, ",") {
 			managed = managed || runcV1Controllers[ctrl]
 		}
-		if managed {
+		if !managed {
+			continue
+		}
+		if root != "/" {
+			return nil, nil
+		}
+		if _, seen := c.Hierarchies[dir]; !seen {
 			c.Hierarchies[dir] = point
 		}
 	}
@@ -228,31 +220,44 @@ func LoadCgroupV1(skeleton string) (*CgroupV1, error) {
 	return c, nil
 }
 
-// mounts are the mounts of a container's /sys/fs/cgroup whose cgroups
-// are at cgroupsPath in every hierarchy: the skeleton, and on each of its
-// directories the container's cgroup, all read-only as runc mounts them.
-func (c *CgroupV1) mounts(cgroupsPath string) []specs.Mount {
-	opts := []string{"bind", "ro", "nosuid", "noexec", "nodev"}
-	ms := []specs.Mount{{Destination: "/sys/fs/cgroup", Type: "bind", Source: c.Skeleton, Options: opts}}
-	dirs := make([]string, 0, len(c.Hierarchies))
-	for d := range c.Hierarchies {
-		dirs = append(dirs, d)
+// Dirs are the container's cgroups at cgroupsPath, one per hierarchy,
+// sorted.
+func (c *CgroupV1) Dirs(cgroupsPath string) []string {
+	out := make([]string, 0, len(c.Hierarchies))
+	for _, point := range c.Hierarchies {
+		out = append(out, filepath.Join(point, cgroupsPath))
 	}
-	sort.Strings(dirs)
-	for _, d := range dirs {
-		ms = append(ms, specs.Mount{Destination: "/sys/fs/cgroup/" + d, Type: "bind",
-			Source: filepath.Join(c.Hierarchies[d], cgroupsPath), Options: opts})
-	}
-	return ms
+	sort.Strings(out)
+	return out
 }
 
-// Make creates the container's cgroup at cgroupsPath in each hierarchy.
-// runc makes them only once CRIU runs, and a restore binds them before:
-// they must be there first.
+// Make creates the container's cgroups at cgroupsPath, as runc's cgroup
+// manager would: a new cpuset cgroup gets its parent's CPUs and memory
+// nodes (without, no task may join it).
 func (c *CgroupV1) Make(cgroupsPath string) error {
-	for _, point := range c.Hierarchies {
-		if err := os.MkdirAll(filepath.Join(point, cgroupsPath), 0o755); err != nil {
-			return fmt.Errorf("cgroup: %w", err)
+	for dir, point := range c.Hierarchies {
+		p := point
+		for _, part := range strings.Split(strings.Trim(filepath.Clean(cgroupsPath), "/"), "/") {
+			parent := p
+			p = filepath.Join(p, part)
+			err := os.Mkdir(p, 0o755)
+			if errors.Is(err, os.ErrExist) {
+				continue
+			}
+			if err != nil {
+				return fmt.Errorf("cgroup: %w", err)
+			}
+			if slices.Contains(strings.Split(dir, ","), "cpuset") {
+				for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+					b, err := os.ReadFile(filepath.Join(parent, f))
+					if err == nil {
+						err = os.WriteFile(filepath.Join(p, f), b, 0)
+					}
+					if err != nil {
+						return fmt.Errorf("cgroup %s: %w", p, err)
+					}
+				}
+			}
 		}
 	}
 	return nil
@@ -264,8 +269,8 @@ func (c *CgroupV1) Make(cgroupsPath string) error {
 // an error.
 func (c *CgroupV1) Remove(cgroupsPath string) error {
 	var errs []error
-	for _, point := range c.Hierarchies {
-		if err := os.Remove(filepath.Join(point, cgroupsPath)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, dir := range c.Dirs(cgroupsPath) {
+		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("cgroup: %w", err))
 		}
 	}

@@ -202,12 +202,13 @@ func devEntries(t *testing.T, dir string) map[string]string {
 	return out
 }
 
-// TestCgroupBindsFollowTheContainer: a container whose /sys/fs/cgroup is
-// the skeleton with binds of its cgroups (Spec.CgroupV1) sees its own
-// cgroup in every hierarchy, and, restored under another cgroup path (as
-// on another node), sees that one: runc's cgroup mount, restored by runc
-// 1.1, binds the cgroups of the restoring runc process instead.
-func TestCgroupBindsFollowTheContainer(t *testing.T) {
+// TestRestoredSeesItsCgroups: runc 1.1 restores a container's cgroup
+// mount as binds of the cgroups the restoring runc is in. Restored with
+// RestoreOpts.Cgroups under another cgroup path (as on another node), the
+// container sees that path in every hierarchy, and its tasks are there;
+// without, it sees the test's own cgroups. CRIU leaves the cgroups to
+// runc (IgnoreCgroups).
+func TestRestoredSeesItsCgroups(t *testing.T) {
 	ctx := context.Background()
 	r := newRuntime(t)
 	requireCRIU(t, r)
@@ -218,7 +219,7 @@ func TestCgroupBindsFollowTheContainer(t *testing.T) {
 		t.Skip("skipped: no cgroup v1 hierarchies (runc mounts cgroup2, no tmpfs)")
 	}
 	t.Cleanup(func() { _ = unix.Unmount(skel, unix.MNT_DETACH) })
-	v1, err := runc.LoadCgroupV1(skel)
+	v1, err := runc.LoadCgroupV1()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,54 +227,74 @@ func TestCgroupBindsFollowTheContainer(t *testing.T) {
 		t.Skip("skipped: the cgroup v1 hierarchies are mounted from below their roots (a cgroup namespace)")
 	}
 	conf := filepath.Join(t.TempDir(), "criu.conf")
-	if err := runc.WriteCRIUConfig(conf, runc.SkipNetworkLock+runc.ExternalCgroupFS(skel)); err != nil {
+	if err := runc.WriteCRIUConfig(conf, runc.SkipNetworkLock+runc.IgnoreCgroups+runc.ExternalCgroupFS(skel)); err != nil {
 		t.Fatal(err)
 	}
 	ns := testutil.NewNetNS(t, "cgb")
-	id := testutil.UniqueName("cgb")
-	spec := testSpec(t, ns, counterArgs...)
-	spec.Annotations = map[string]string{runc.CRIUConfigAnnotation: conf}
-	spec.CgroupV1 = v1
-	var out syncBuffer
-	pid, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out, Stderr: &out})
-	if err != nil {
-		t.Fatal(err)
-	}
-	waitCount(t, &out, 3)
-	checkOwnCgroups(t, "run", pid, v1, spec.CgroupsPath)
-
-	images := filepath.Join(t.TempDir(), "images")
-	if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images}); err != nil {
-		t.Fatal(err)
-	}
-	last := out.ints(t)
-	spec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
-	if err := v1.Make(spec.CgroupsPath); err != nil {
-		t.Fatal(err)
-	}
-	var after syncBuffer
-	pid, err = r.Restore(ctx, id, writeBundle(t, spec), runc.RestoreOpts{ImagePath: images}, runc.IO{Stdout: &after, Stderr: &after})
-	if err != nil {
-		t.Fatal(err)
-	}
-	consecutive(t, "after restore", waitCount(t, &after, 3), last[len(last)-1]+1)
-	checkOwnCgroups(t, "restored", pid, v1, spec.CgroupsPath)
-	if err := r.Delete(ctx, id, true); err != nil {
-		t.Fatal(err)
-	}
-	if err := v1.Remove(spec.CgroupsPath); err != nil {
-		t.Error(err)
-	}
-	for _, point := range v1.Hierarchies {
-		if _, err := os.Stat(filepath.Join(point, spec.CgroupsPath)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("cgroup %s left: %v", filepath.Join(point, spec.CgroupsPath), err)
+	for _, own := range []bool{true, false} {
+		id := testutil.UniqueName("cgb")
+		spec := testSpec(t, ns, counterArgs...)
+		spec.Annotations = map[string]string{runc.CRIUConfigAnnotation: conf}
+		var out syncBuffer
+		pid, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: &out, Stderr: &out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitCount(t, &out, 3)
+		if bad := ownCgroups(t, pid, v1, spec.CgroupsPath); len(bad) > 0 {
+			t.Fatalf("run: %v", bad)
+		}
+		images := filepath.Join(t.TempDir(), "images")
+		if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images}); err != nil {
+			t.Fatal(err)
+		}
+		last := out.ints(t)
+		// CRIU left the cgroups to runc (IgnoreCgroups): it read none of
+		// their properties, which it logs one by one otherwise.
+		if log, err := os.ReadFile(filepath.Join(images, runc.DumpLog)); err != nil || strings.Contains(string(log), "cg: Dumping value") {
+			t.Errorf("dump log (%v): CRIU dumped cgroup properties", err)
+		}
+		spec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
+		opts := runc.RestoreOpts{ImagePath: images}
+		if own {
+			if err := v1.Make(spec.CgroupsPath); err != nil {
+				t.Fatal(err)
+			}
+			opts.Cgroups = v1.Dirs(spec.CgroupsPath)
+		}
+		var after syncBuffer
+		pid, err = r.Restore(ctx, id, writeBundle(t, spec), opts, runc.IO{Stdout: &after, Stderr: &after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		consecutive(t, "after restore", waitCount(t, &after, 3), last[len(last)-1]+1)
+		bad := ownCgroups(t, pid, v1, spec.CgroupsPath)
+		switch {
+		case own && len(bad) > 0:
+			t.Errorf("restored in its cgroups: %v", bad)
+		case !own && len(bad) == 0:
+			t.Errorf("restored from the test's cgroups, it sees its own: the check cannot fail")
+		case !own:
+			t.Logf("restored from the test's cgroups, as runc 1.1 does it: %v", bad)
+		}
+		if err := r.Delete(ctx, id, true); err != nil {
+			t.Fatal(err)
+		}
+		if err := v1.Remove(spec.CgroupsPath); err != nil {
+			t.Error(err)
+		}
+		for _, d := range v1.Dirs(spec.CgroupsPath) {
+			if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("cgroup %s left: %v", d, err)
+			}
 		}
 	}
 }
 
-// checkOwnCgroups fails the test unless every hierarchy pid sees at
-// /sys/fs/cgroup is a read-only bind of cgroupsPath, and pid is in it.
-func checkOwnCgroups(t *testing.T, when string, pid int, v1 *runc.CgroupV1, cgroupsPath string) {
+// ownCgroups lists what is wrong with the cgroups pid sees: every
+// hierarchy at /sys/fs/cgroup must be a read-only bind of cgroupsPath,
+// and pid must be in it.
+func ownCgroups(t *testing.T, pid int, v1 *runc.CgroupV1, cgroupsPath string) []string {
 	t.Helper()
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
 	if err != nil {
@@ -285,13 +306,18 @@ func checkOwnCgroups(t *testing.T, when string, pid int, v1 *runc.CgroupV1, cgro
 			roots[strings.TrimPrefix(f[4], "/sys/fs/cgroup/")] = f[3] + " " + strings.Split(f[5], ",")[0]
 		}
 	}
+	var bad []string
 	for d := range v1.Hierarchies {
 		if roots[d] != cgroupsPath+" ro" {
-			t.Errorf("%s: /sys/fs/cgroup/%s shows %q, want %q read-only", when, d, roots[d], cgroupsPath)
+			bad = append(bad, fmt.Sprintf("/sys/fs/cgroup/%s shows %q", d, roots[d]))
 		}
 	}
-	procs, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup/memory/cgroup.procs", pid))
-	if _, ok := v1.Hierarchies["memory"]; ok && (err != nil || !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(pid))) {
-		t.Errorf("%s: the container's memory cgroup.procs %q (%v) lacks its pid %d", when, procs, err, pid)
+	if _, ok := v1.Hierarchies["memory"]; ok {
+		procs, err := os.ReadFile(fmt.Sprintf("/proc/%d/root/sys/fs/cgroup/memory/cgroup.procs", pid))
+		if err != nil || !slices.Contains(strings.Fields(string(procs)), strconv.Itoa(pid)) {
+			bad = append(bad, fmt.Sprintf("its memory cgroup.procs %q (%v) lacks its pid %d", procs, err, pid))
+		}
 	}
+	slices.Sort(bad)
+	return bad
 }

@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -310,6 +311,11 @@ type RestoreOpts struct {
 	LazyPages bool
 	// ManageCgroupsMode is runc's --manage-cgroups-mode ("" = soft).
 	ManageCgroupsMode string
+	// Cgroups, when set, are the container's cgroup v1 directories (one
+	// per hierarchy, CgroupV1.Dirs; made, CgroupV1.Make), which runc
+	// starts in: runc 1.1 restores the container's cgroup mount as binds
+	// of the cgroups it runs in.
+	Cgroups []string
 	// Gate, when set, holds CRIU back until Gate.Open: runc starts,
 	// mounts and prepares the restore meanwhile (it reads only
 	// descriptors.json from ImagePath, which must be there); the other
@@ -349,12 +355,16 @@ const gatedNice = 10
 
 // deferToGate makes the gated restore inv run gatedNice nicer than this
 // process until g opens (runc's process group: runc, and the shim waiting
-// at the gate, which becomes CRIU). It needs inv.group.
-func deferToGate(inv *invocation, g *Gate) {
+// at the gate, which becomes CRIU). It needs inv.group. Started in the
+// container's cgroups (cgroups), runc competes for the CPU as that cpu
+// cgroup, whatever its nice value: the cgroup's share is lowered as much
+// until g opens.
+func deferToGate(inv *invocation, g *Gate, cgroups []string) {
 	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
 	if err != nil {
 		return
 	}
+	restoreShares := lowerShares(cgroups)
 	base := 20 - prio // the kernel returns 20 - nice
 	var mu sync.Mutex
 	pgid, opened := 0, false
@@ -370,10 +380,32 @@ func deferToGate(inv *invocation, g *Gate) {
 		mu.Lock()
 		defer mu.Unlock()
 		opened = true
+		restoreShares()
 		if pgid != 0 {
 			_ = unix.Setpriority(unix.PRIO_PGRP, pgid, base)
 		}
 	}
+}
+
+// gatedShares is the cpu.shares of a gated restore's cpu cgroup until its
+// gate opens: a nice-10 task's weight (110) against the default 1024.
+const gatedShares = "110"
+
+// lowerShares sets the cpu.shares of the cpu cgroup among cgroups to
+// gatedShares and returns what puts the previous value back.
+func lowerShares(cgroups []string) func() {
+	for _, d := range cgroups {
+		f := filepath.Join(d, "cpu.shares")
+		was, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		if os.WriteFile(f, []byte(gatedShares), 0) != nil {
+			break
+		}
+		return func() { _ = os.WriteFile(f, bytes.TrimSpace(was), 0) }
+	}
+	return func() {}
 }
 
 // DescriptorsFile is the file runc writes in a checkpoint's image
@@ -449,7 +481,7 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		}
 		defer closeGate()
 		if shim {
-			deferToGate(&inv, o.Gate)
+			deferToGate(&inv, o.Gate, o.Cgroups)
 		} else if err := restart(); err != nil {
 			// No shim: the gate opened before runc started.
 			return 0, err
@@ -473,6 +505,7 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 	}
 	start := time.Now()
 	inv.args = args
+	inv.cgroups = o.Cgroups
 	ectx := ctx
 	if o.Gate != nil {
 		// At the gate, a restore called off is not killed: the gate

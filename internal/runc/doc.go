@@ -26,12 +26,11 @@
 // external mounts (ExternalMasks, ExternalCgroupFS with
 // MountCgroupSkeleton), and a Spec can bind directories at /dev
 // (MakeDevDir) and /dev/shm instead of tmpfs mounts, which CRIU would tar.
-// On a cgroup v1 host a Spec's /sys/fs/cgroup can be binds too
-// (CgroupV1): the skeleton, and on it the container's own cgroup per
-// hierarchy, which runc maps on restore to the cgroup the restoring node
-// gives the container (CgroupV1.Make makes it first). runc 1.1 restores
-// its own cgroup mount as binds of the restoring runc's cgroups, so a
-// migrated container saw the agent's.
+// runc 1.1 restores a container's cgroup v1 mount as binds of the
+// cgroups the restoring runc itself is in, so a restore starts runc in
+// the container's cgroups (RestoreOpts.Cgroups, made by CgroupV1.Make):
+// a thread of the caller joins them, forks runc and goes back
+// (startIn).
 // Restore first rewrites the images' tasks that CRIU recorded as
 // interrupted in a poll, sleep or futex wait so that they wait again
 // (criuimg.RestartSyscalls): a service that does not retry on EINTR would

@@ -9,11 +9,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/linux"
 )
@@ -162,6 +165,9 @@ type invocation struct {
 	// tmp is a private directory for runc's log (and the caller's pid
 	// file); created by exec when empty.
 	tmp string
+	// cgroups, when set, are cgroup v1 directories runc starts in
+	// (startIn).
+	cgroups []string
 	// started, when set, is called with runc's pid once it started
 	// (with group, also its process group's id).
 	started func(pid int)
@@ -262,11 +268,21 @@ func (r *Runtime) exec(ctx context.Context, inv invocation) ([]byte, error) {
 	cmd.ExtraFiles = inv.extra
 	start := time.Now()
 	var runErr error
-	if inv.started == nil {
+	switch {
+	case len(inv.cgroups) > 0:
+		if runErr = startIn(cmd, inv.cgroups); runErr == nil {
+			if inv.started != nil {
+				inv.started(cmd.Process.Pid)
+			}
+			runErr = cmd.Wait()
+		}
+	case inv.started == nil:
 		runErr = cmd.Run()
-	} else if runErr = cmd.Start(); runErr == nil {
-		inv.started(cmd.Process.Pid)
-		runErr = cmd.Wait()
+	default:
+		if runErr = cmd.Start(); runErr == nil {
+			inv.started(cmd.Process.Pid)
+			runErr = cmd.Wait()
+		}
 	}
 	r.logger().Debug("runc", "op", inv.op, "id", inv.id, "args", strings.Join(inv.args, " "),
 		"took", time.Since(start), "err", runErr)
@@ -505,4 +521,64 @@ func (r *Runtime) Close() error {
 		st.close()
 	}
 	return nil
+}
+
+// startIn starts cmd in the cgroup v1 directories dirs (each a
+// hierarchy's mount point and the cgroup's path): a thread of its own
+// joins them (cgroup v1 moves threads one by one, and a child starts in
+// the cgroups of the thread that forked it), starts cmd and goes back to
+// the cgroups it came from. A frozen freezer cgroup is left out (a task
+// joining it stops); so is one the thread cannot join, whose hierarchy
+// runc then binds from the agent's cgroup, as without dirs. A thread that
+// cannot go back is not reused: it ends with its goroutine.
+func startIn(cmd *exec.Cmd, dirs []string) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		tid := []byte(strconv.Itoa(unix.Gettid()))
+		self, err := os.ReadFile("/proc/thread-self/cgroup")
+		if err != nil {
+			errc <- err
+			return // the thread has joined nothing; it ends unused
+		}
+		var back []string
+		for _, d := range dirs {
+			if st, err := os.ReadFile(filepath.Join(d, "freezer.state")); err == nil && strings.TrimSpace(string(st)) != "THAWED" {
+				continue
+			}
+			from := ownCgroup(string(self), d)
+			if from == "" {
+				continue // cannot go back: left out
+			}
+			if os.WriteFile(filepath.Join(d, "tasks"), tid, 0) == nil {
+				back = append(back, from)
+			}
+		}
+		errc <- cmd.Start()
+		for _, from := range back {
+			if os.WriteFile(filepath.Join(from, "tasks"), tid, 0) != nil {
+				return // still in a container's cgroup: ends here
+			}
+		}
+		runtime.UnlockOSThread()
+	}()
+	return <-errc
+}
+
+// ownCgroup is the cgroup, in the hierarchy of the cgroup directory dir,
+// of the thread whose /proc/thread-self/cgroup is self: a directory under
+// the same mount point, or "" when self names none there.
+func ownCgroup(self, dir string) string {
+	for _, line := range strings.Split(self, "\n") {
+		f := strings.SplitN(line, ":", 3)
+		if len(f) != 3 || f[1] == "" {
+			continue
+		}
+		name := strings.TrimPrefix(f[1], "name=")
+		point := "/sys/fs/cgroup/" + name
+		if dir == point || strings.HasPrefix(dir, point+"/") {
+			return filepath.Join(point, f[2])
+		}
+	}
+	return ""
 }

@@ -245,7 +245,7 @@ func TestGatedRestore(t *testing.T) {
 
 	// restoreAtGate starts a gated restore from a directory holding only
 	// descriptors.json, as a destination has it before the images arrive.
-	restoreAtGate := func(ctx context.Context, after *syncBuffer) (string, *runc.Gate, chan error) {
+	restoreAtGate := func(ctx context.Context, after *syncBuffer, cgroups []string) (string, *runc.Gate, chan error) {
 		t.Helper()
 		dir := filepath.Join(t.TempDir(), "in")
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -257,7 +257,7 @@ func TestGatedRestore(t *testing.T) {
 		g := runc.NewGate()
 		done := make(chan error, 1)
 		go func() {
-			_, err := r.Restore(ctx, id, bundle, runc.RestoreOpts{ImagePath: dir, WorkPath: dir + "-work", Gate: g}, runc.IO{Stdout: after, Stderr: after})
+			_, err := r.Restore(ctx, id, bundle, runc.RestoreOpts{ImagePath: dir, WorkPath: dir + "-work", Gate: g, Cgroups: cgroups}, runc.IO{Stdout: after, Stderr: after})
 			done <- err
 		}()
 		select {
@@ -273,7 +273,7 @@ func TestGatedRestore(t *testing.T) {
 	// Called off at the gate.
 	cctx, cancel := context.WithCancel(ctx)
 	var after syncBuffer
-	_, _, done := restoreAtGate(cctx, &after)
+	_, _, done := restoreAtGate(cctx, &after, nil)
 	if _, err := r.State(ctx, id); err == nil {
 		// runc registers the container only once CRIU restored it.
 		t.Log("runc lists the container while CRIU waits at the gate")
@@ -287,7 +287,7 @@ func TestGatedRestore(t *testing.T) {
 	// Opened with a core image that cannot be read (a directory): CRIU
 	// is called off with the rewrite's reason.
 	var after2 syncBuffer
-	dir, g, done := restoreAtGate(ctx, &after2)
+	dir, g, done := restoreAtGate(ctx, &after2, nil)
 	if err := os.Mkdir(filepath.Join(dir, "core-1.img"), 0o700); err != nil {
 		t.Fatal(err)
 	}
@@ -299,9 +299,33 @@ func TestGatedRestore(t *testing.T) {
 	}
 	assertGone(t, r, id, "", spec.CgroupsPath)
 
-	// Opened once the images are there.
+	// Opened once the images are there; runc started in the container's
+	// cgroups, whose CPU share is low until the gate opens.
+	var cgroups []string
+	shares := ""
+	v1, err := runc.LoadCgroupV1()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v1 != nil {
+		if err := v1.Make(spec.CgroupsPath); err != nil {
+			t.Fatal(err)
+		}
+		cgroups = v1.Dirs(spec.CgroupsPath)
+		for _, d := range cgroups {
+			if b, err := os.ReadFile(filepath.Join(d, "cpu.shares")); err == nil {
+				shares = filepath.Join(d, "cpu.shares")
+				t.Logf("%s: %s", shares, strings.TrimSpace(string(b)))
+			}
+		}
+	}
 	var after3 syncBuffer
-	dir, g, done = restoreAtGate(ctx, &after3)
+	dir, g, done = restoreAtGate(ctx, &after3, cgroups)
+	if shares != "" {
+		if b, err := os.ReadFile(shares); err != nil || strings.TrimSpace(string(b)) != "110" {
+			t.Errorf("at the gate, %s = %q (%v), want 110", shares, b, err)
+		}
+	}
 	entries, err := os.ReadDir(images)
 	if err != nil {
 		t.Fatal(err)
@@ -316,6 +340,11 @@ func TestGatedRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 	consecutive(t, "after the gated restore", waitCount(t, &after3, 3), last[len(last)-1]+1)
+	if shares != "" {
+		if b, err := os.ReadFile(shares); err != nil || strings.TrimSpace(string(b)) != "1024" {
+			t.Errorf("restored, %s = %q (%v), want 1024 again", shares, b, err)
+		}
+	}
 	if err := r.Delete(ctx, id, true); err != nil {
 		t.Fatal(err)
 	}

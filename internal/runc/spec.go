@@ -55,10 +55,6 @@ type Spec struct {
 	DevDir string
 	// MemoryLimit is the memory cgroup limit in bytes; 0 means none.
 	MemoryLimit int64
-	// CgroupV1, when set, makes /sys/fs/cgroup the node's skeleton with a
-	// read-only bind of the container's own cgroup (CgroupsPath, which
-	// it requires) per hierarchy, instead of runc's cgroup mount.
-	CgroupV1 *CgroupV1
 	// CgroupsPath is the container's cgroup path below each hierarchy's
 	// root. Containers on different emulated nodes of one host share the
 	// host's cgroupfs, so callers should make it unique per host (for
@@ -100,9 +96,6 @@ func (s Spec) Validate() error {
 	}
 	if s.NetNSPath != "" && !filepath.IsAbs(s.NetNSPath) {
 		errs = append(errs, fmt.Errorf("netns path %q must be absolute", s.NetNSPath))
-	}
-	if s.CgroupV1 != nil && !filepath.IsAbs(s.CgroupsPath) {
-		errs = append(errs, fmt.Errorf("cgroups path %q must be absolute with cgroup v1 binds", s.CgroupsPath))
 	}
 	if s.MemoryLimit < 0 {
 		errs = append(errs, fmt.Errorf("memory limit %d is negative", s.MemoryLimit))
@@ -149,11 +142,7 @@ func (s Spec) Config() (*specs.Spec, error) {
 		limit := s.MemoryLimit
 		resources.Memory = &specs.LinuxMemory{Limit: &limit}
 	}
-	mounts := defaultMounts(s.DevDir, s.ShmDir)
-	if s.CgroupV1 != nil {
-		mounts = append(mounts[:len(mounts)-1], s.CgroupV1.mounts(s.CgroupsPath)...) // runc's cgroup mount is last
-	}
-	mounts = append(mounts, s.Mounts...)
+	mounts := append(defaultMounts(s.DevDir, s.ShmDir), s.Mounts...)
 
 	return &specs.Spec{
 		Version: specs.Version,

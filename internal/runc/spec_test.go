@@ -133,7 +133,6 @@ func TestSpecValidate(t *testing.T) {
 		{"relative netns", func(s *runc.Spec) { s.NetNSPath = "netns/x" }, "netns"},
 		{"negative memory", func(s *runc.Spec) { s.MemoryLimit = -1 }, "memory"},
 		{"relative mount", func(s *runc.Spec) { s.Mounts = []specs.Mount{{Destination: "data"}} }, "mount"},
-		{"cgroup binds without a path", func(s *runc.Spec) { s.CgroupV1 = &runc.CgroupV1{Skeleton: "/s"} }, "cgroups path"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -185,37 +184,5 @@ func TestDefaultSeccomp(t *testing.T) {
 	cfg, err := runc.Spec{Rootfs: "/r", Args: []string{"sh"}, Seccomp: sc}.Config()
 	if err != nil || cfg.Linux.Seccomp != sc {
 		t.Fatalf("config does not carry the profile: %v", err)
-	}
-}
-
-// With CgroupV1, /sys/fs/cgroup is the skeleton bound read-only with a
-// read-only bind of the container's cgroup on each hierarchy's directory,
-// in place of runc's cgroup mount and before the caller's mounts.
-func TestSpecCgroupBinds(t *testing.T) {
-	s := runc.Spec{Rootfs: "/r", Args: []string{"sh"}, CgroupsPath: "/edgehop/tb-node1/svc",
-		Mounts: []specs.Mount{{Destination: "/data", Type: "bind", Source: "/v", Options: []string{"rbind"}}},
-		CgroupV1: &runc.CgroupV1{Skeleton: "/state/cgroupfs", Hierarchies: map[string]string{
-			"memory": "/sys/fs/cgroup/memory", "cpu,cpuacct": "/sys/fs/cgroup/cpu,cpuacct"}}}
-	cfg, err := s.Config()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var got []string
-	for _, m := range cfg.Mounts {
-		if m.Type == "cgroup" {
-			t.Errorf("runc's cgroup mount left: %+v", m)
-		}
-		if strings.HasPrefix(m.Destination, "/sys/fs/cgroup") || m.Destination == "/data" {
-			if m.Destination != "/data" && (m.Type != "bind" || !slices.Contains(m.Options, "ro") || !slices.Contains(m.Options, "bind")) {
-				t.Errorf("%s: %+v, want a read-only bind", m.Destination, m)
-			}
-			got = append(got, m.Destination+" <- "+m.Source)
-		}
-	}
-	want := []string{"/sys/fs/cgroup <- /state/cgroupfs",
-		"/sys/fs/cgroup/cpu,cpuacct <- /sys/fs/cgroup/cpu,cpuacct/edgehop/tb-node1/svc",
-		"/sys/fs/cgroup/memory <- /sys/fs/cgroup/memory/edgehop/tb-node1/svc", "/data <- /v"}
-	if !slices.Equal(got, want) {
-		t.Fatalf("mounts\n%v\nwant\n%v", got, want)
 	}
 }
