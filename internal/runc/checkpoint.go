@@ -392,7 +392,8 @@ func deferToGate(inv *invocation, g *Gate, cgroups []string) {
 const gatedShares = "110"
 
 // lowerShares sets the cpu.shares of the cpu cgroup among cgroups to
-// gatedShares and returns what puts the previous value back.
+// gatedShares and returns what puts the previous value back (the
+// default, when a restore called off at its gate left gatedShares).
 func lowerShares(cgroups []string) func() {
 	for _, d := range cgroups {
 		f := filepath.Join(d, "cpu.shares")
@@ -400,13 +401,19 @@ func lowerShares(cgroups []string) func() {
 		if err != nil {
 			continue
 		}
+		if was = bytes.TrimSpace(was); string(was) == gatedShares {
+			was = []byte(defaultShares)
+		}
 		if os.WriteFile(f, []byte(gatedShares), 0) != nil {
 			break
 		}
-		return func() { _ = os.WriteFile(f, bytes.TrimSpace(was), 0) }
+		return func() { _ = os.WriteFile(f, was, 0) }
 	}
 	return func() {}
 }
+
+// defaultShares is a new cpu cgroup's cpu.shares.
+const defaultShares = "1024"
 
 // DescriptorsFile is the file runc writes in a checkpoint's image
 // directory before CRIU runs (the container's stdio as CRIU will see
