@@ -151,9 +151,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	if cgfs {
 		criuConf += runc.ExternalCgroupFS(a.cgroupFSDir())
-		if a.cgroupV1, err = runc.LoadCgroupV1(); err != nil {
-			return fmt.Errorf("cgroup hierarchies: %w", err)
-		}
+	}
+	// Restores start runc in the container's cgroups on a cgroup v1 host
+	// (runc.RestoreOpts.Cgroups), skeleton or not.
+	if a.cgroupV1, err = runc.LoadCgroupV1(); err != nil {
+		return fmt.Errorf("cgroup hierarchies: %w", err)
 	}
 	if err := runc.WriteCRIUConfig(a.criuConfig(), criuConf); err != nil {
 		return fmt.Errorf("criu config: %w", err)

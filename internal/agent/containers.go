@@ -524,7 +524,7 @@ func (a *Agent) criuConfig() string { return filepath.Join(a.cfg.StateDir, "criu
 // restoreCgroups makes the container's cgroup v1 cgroups, which runc
 // restores it in (runc.RestoreOpts.Cgroups); nil on a host without
 // cgroup v1 hierarchies.
-func (a *Agent) restoreCgroups(name string) ([]string, error) {
+func (a *Agent) restoreCgroups(name string) ([]runc.CgroupDir, error) {
 	if a.cgroupV1 == nil {
 		return nil, nil
 	}

@@ -133,7 +133,7 @@ type incoming struct {
 	holder    *netplane.Holder
 	store     *precopy.Store
 	imgDir    string
-	cgroups   []string // the service's cgroups, which runc restores it in
+	cgroups   []runc.CgroupDir // the service's cgroups, which runc restores it in
 	upper     string
 	warm      *linux.Reserve
 	sw        migration.Switched

@@ -54,7 +54,7 @@ short line
 38 25 0:33 / /no/type rw
 39 25 0:34 /edgehop/x\040y /sys/fs/cgroup/memory ro - cgroup cgroup rw,memory`
 	got := parseMountinfo(data)
-	want := []mount{{"/sys/fs/cgroup/cpu,cpuacct", "cgroup", "/"}, {"/mnt/a b", "tmpfs", "/"}, {"/no/type", "", "/"},
+	want := []Mount{{"/sys/fs/cgroup/cpu,cpuacct", "cgroup", "/"}, {"/mnt/a b", "tmpfs", "/"}, {"/no/type", "", "/"},
 		{"/sys/fs/cgroup/memory", "cgroup", "/edgehop/x y"}}
 	if len(got) != len(want) {
 		t.Fatalf("got %+v, want %+v", got, want)

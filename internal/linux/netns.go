@@ -249,8 +249,8 @@ func MountsUnder(dir string) ([]string, error) {
 	dir = filepath.Clean(dir)
 	var out []string
 	for _, m := range ms {
-		if m.point == dir || strings.HasPrefix(m.point, dir+"/") {
-			out = append(out, m.point)
+		if m.Point == dir || strings.HasPrefix(m.Point, dir+"/") {
+			out = append(out, m.Point)
 		}
 	}
 	// Deepest first so children unmount before parents.
@@ -260,44 +260,29 @@ func MountsUnder(dir string) ([]string, error) {
 	return out, nil
 }
 
-// MountPointsOfType returns the mount points of file systems of type
-// fstype ("cgroup", "tmpfs"), in /proc/self/mountinfo's order.
-func MountPointsOfType(fstype string) ([]string, error) {
+// MountsOfType lists the mounts of file systems of type fstype, in
+// mount order: where each is mounted and which directory of its file
+// system it shows ("/" for a whole cgroup hierarchy, a cgroup's path for
+// a bind of it).
+func MountsOfType(fstype string) ([]Mount, error) {
 	ms, err := mountinfo()
 	if err != nil {
 		return nil, err
 	}
-	var out []string
+	var out []Mount
 	for _, m := range ms {
-		if m.fstype == fstype {
-			out = append(out, m.point)
+		if m.FSType == fstype {
+			out = append(out, m)
 		}
 	}
 	return out, nil
 }
 
-// MountRootsOfType maps the mount points of file systems of type fstype
-// to the roots they show of their file system ("/" for a whole cgroup
-// hierarchy, a cgroup's path for a bind of it).
-func MountRootsOfType(fstype string) (map[string]string, error) {
-	ms, err := mountinfo()
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]string{}
-	for _, m := range ms {
-		if m.fstype == fstype {
-			out[m.point] = m.root
-		}
-	}
-	return out, nil
-}
-
-// mount is one line of /proc/self/mountinfo: where, of which type, and
+// Mount is one line of /proc/self/mountinfo: where, of which type, and
 // which directory of its file system it shows.
-type mount struct{ point, fstype, root string }
+type Mount struct{ Point, FSType, Root string }
 
-func mountinfo() ([]mount, error) {
+func mountinfo() ([]Mount, error) {
 	data, err := os.ReadFile("/proc/self/mountinfo")
 	if err != nil {
 		return nil, err
@@ -308,17 +293,17 @@ func mountinfo() ([]mount, error) {
 // parseMountinfo reads mountinfo lines ("id parent dev root point options
 // [optional...] - fstype source superoptions"); lines too short to name
 // a mount point are skipped.
-func parseMountinfo(data string) []mount {
-	var out []mount
+func parseMountinfo(data string) []Mount {
+	var out []Mount
 	for _, line := range strings.Split(data, "\n") {
 		pre, post, _ := strings.Cut(line, " - ")
 		f := strings.Fields(pre)
 		if len(f) < 5 {
 			continue
 		}
-		m := mount{point: unescapeMount(f[4]), root: unescapeMount(f[3])}
+		m := Mount{Point: unescapeMount(f[4]), Root: unescapeMount(f[3])}
 		if t := strings.Fields(post); len(t) > 0 {
-			m.fstype = t[0]
+			m.FSType = t[0]
 		}
 		out = append(out, m)
 	}

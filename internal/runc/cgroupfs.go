@@ -38,14 +38,14 @@ func ExternalCgroupFS(dir string) string {
 // controller to it. dirs is sorted; both are empty on a cgroup v2 host,
 // where runc mounts cgroup2 instead of a tmpfs.
 func CgroupSkeleton() (dirs []string, links map[string]string, err error) {
-	points, err := linux.MountPointsOfType("cgroup")
+	mounts, err := linux.MountsOfType("cgroup")
 	if err != nil {
 		return nil, nil, err
 	}
 	seen := map[string]bool{}
 	links = map[string]string{}
-	for _, p := range points {
-		base := filepath.Base(p)
+	for _, m := range mounts {
+		base := filepath.Base(m.Point)
 		if seen[base] {
 			continue
 		}
@@ -193,13 +193,13 @@ var runcV1Controllers = map[string]bool{
 // mounted from below its root (a cgroup namespace): runc's view of its
 // own cgroups is then not the container's path.
 func LoadCgroupV1() (*CgroupV1, error) {
-	roots, err := linux.MountRootsOfType("cgroup")
+	mounts, err := linux.MountsOfType("cgroup")
 	if err != nil {
 		return nil, err
 	}
 	c := &CgroupV1{Hierarchies: map[string]string{}}
-	for point, root := range roots {
-		dir := filepath.Base(point)
+	for _, m := range mounts {
+		dir := filepath.Base(m.Point)
 		managed := false
 		for _, ctrl := range strings.Split(dir, ",") {
 			managed = managed || runcV1Controllers[ctrl]
@@ -207,11 +207,11 @@ func LoadCgroupV1() (*CgroupV1, error) {
 		if !managed {
 			continue
 		}
-		if root != "/" {
+		if m.Root != "/" {
 			return nil, nil
 		}
 		if _, seen := c.Hierarchies[dir]; !seen {
-			c.Hierarchies[dir] = point
+			c.Hierarchies[dir] = m.Point
 		}
 	}
 	if len(c.Hierarchies) == 0 {
@@ -220,14 +220,23 @@ func LoadCgroupV1() (*CgroupV1, error) {
 	return c, nil
 }
 
+// CgroupDir is a cgroup of one cgroup v1 hierarchy: the hierarchy's
+// name (its directory under /sys/fs/cgroup, as /proc/PID/cgroup names
+// it without "name="), its host mount point, and the cgroup's path
+// below it.
+type CgroupDir struct{ Hierarchy, Point, Path string }
+
+// Dir is the cgroup's directory on the host.
+func (d CgroupDir) Dir() string { return filepath.Join(d.Point, d.Path) }
+
 // Dirs are the container's cgroups at cgroupsPath, one per hierarchy,
-// sorted.
-func (c *CgroupV1) Dirs(cgroupsPath string) []string {
-	out := make([]string, 0, len(c.Hierarchies))
-	for _, point := range c.Hierarchies {
-		out = append(out, filepath.Join(point, cgroupsPath))
+// sorted by hierarchy.
+func (c *CgroupV1) Dirs(cgroupsPath string) []CgroupDir {
+	out := make([]CgroupDir, 0, len(c.Hierarchies))
+	for h, point := range c.Hierarchies {
+		out = append(out, CgroupDir{Hierarchy: h, Point: point, Path: cgroupsPath})
 	}
-	sort.Strings(out)
+	slices.SortFunc(out, func(a, b CgroupDir) int { return strings.Compare(a.Hierarchy, b.Hierarchy) })
 	return out
 }
 
@@ -269,8 +278,8 @@ func (c *CgroupV1) Make(cgroupsPath string) error {
 // an error.
 func (c *CgroupV1) Remove(cgroupsPath string) error {
 	var errs []error
-	for _, dir := range c.Dirs(cgroupsPath) {
-		if err := os.Remove(dir); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, d := range c.Dirs(cgroupsPath) {
+		if err := os.Remove(d.Dir()); err != nil && !errors.Is(err, os.ErrNotExist) {
 			errs = append(errs, fmt.Errorf("cgroup: %w", err))
 		}
 	}

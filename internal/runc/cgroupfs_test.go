@@ -284,7 +284,7 @@ func TestRestoredSeesItsCgroups(t *testing.T) {
 			t.Error(err)
 		}
 		for _, d := range v1.Dirs(spec.CgroupsPath) {
-			if _, err := os.Stat(d); !errors.Is(err, os.ErrNotExist) {
+			if _, err := os.Stat(d.Dir()); !errors.Is(err, os.ErrNotExist) {
 				t.Errorf("cgroup %s left: %v", d, err)
 			}
 		}

@@ -311,11 +311,11 @@ type RestoreOpts struct {
 	LazyPages bool
 	// ManageCgroupsMode is runc's --manage-cgroups-mode ("" = soft).
 	ManageCgroupsMode string
-	// Cgroups, when set, are the container's cgroup v1 directories (one
-	// per hierarchy, CgroupV1.Dirs; made, CgroupV1.Make), which runc
-	// starts in: runc 1.1 restores the container's cgroup mount as binds
-	// of the cgroups it runs in.
-	Cgroups []string
+	// Cgroups, when set, are the container's cgroup v1 cgroups (one per
+	// hierarchy, CgroupV1.Dirs; made, CgroupV1.Make), which runc starts
+	// in: runc 1.1 restores the container's cgroup mount as binds of the
+	// cgroups it runs in.
+	Cgroups []CgroupDir
 	// Gate, when set, holds CRIU back until Gate.Open: runc starts,
 	// mounts and prepares the restore meanwhile (it reads only
 	// descriptors.json from ImagePath, which must be there); the other
@@ -359,7 +359,7 @@ const gatedNice = 10
 // container's cgroups (cgroups), runc competes for the CPU as that cpu
 // cgroup, whatever its nice value: the cgroup's share is lowered as much
 // until g opens.
-func deferToGate(inv *invocation, g *Gate, cgroups []string) {
+func deferToGate(inv *invocation, g *Gate, cgroups []CgroupDir) {
 	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
 	if err != nil {
 		return
@@ -394,9 +394,9 @@ const gatedShares = "110"
 // lowerShares sets the cpu.shares of the cpu cgroup among cgroups to
 // gatedShares and returns what puts the previous value back (the
 // default, when a restore called off at its gate left gatedShares).
-func lowerShares(cgroups []string) func() {
+func lowerShares(cgroups []CgroupDir) func() {
 	for _, d := range cgroups {
-		f := filepath.Join(d, "cpu.shares")
+		f := filepath.Join(d.Dir(), "cpu.shares")
 		was, err := os.ReadFile(f)
 		if err != nil {
 			continue

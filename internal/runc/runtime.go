@@ -165,9 +165,9 @@ type invocation struct {
 	// tmp is a private directory for runc's log (and the caller's pid
 	// file); created by exec when empty.
 	tmp string
-	// cgroups, when set, are cgroup v1 directories runc starts in
+	// cgroups, when set, are cgroup v1 cgroups runc starts in
 	// (startIn).
-	cgroups []string
+	cgroups []CgroupDir
 	// started, when set, is called with runc's pid once it started
 	// (with group, also its process group's id).
 	started func(pid int)
@@ -523,15 +523,15 @@ func (r *Runtime) Close() error {
 	return nil
 }
 
-// startIn starts cmd in the cgroup v1 directories dirs (each a
-// hierarchy's mount point and the cgroup's path): a thread of its own
+// startIn starts cmd in the cgroup v1 cgroups dirs: a thread of its own
 // joins them (cgroup v1 moves threads one by one, and a child starts in
 // the cgroups of the thread that forked it), starts cmd and goes back to
 // the cgroups it came from. A frozen freezer cgroup is left out (a task
-// joining it stops); so is one the thread cannot join, whose hierarchy
-// runc then binds from the agent's cgroup, as without dirs. A thread that
-// cannot go back is not reused: it ends with its goroutine.
-func startIn(cmd *exec.Cmd, dirs []string) error {
+// joining it stops); so is one the thread cannot join or whose
+// hierarchy its own cgroups do not name, which runc then binds from the
+// agent's cgroup, as without dirs. A thread that cannot go back is not
+// reused: it ends with its goroutine.
+func startIn(cmd *exec.Cmd, dirs []CgroupDir) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -541,17 +541,18 @@ func startIn(cmd *exec.Cmd, dirs []string) error {
 			errc <- err
 			return // the thread has joined nothing; it ends unused
 		}
+		own := ownCgroups(string(self))
 		var back []string
 		for _, d := range dirs {
-			if st, err := os.ReadFile(filepath.Join(d, "freezer.state")); err == nil && strings.TrimSpace(string(st)) != "THAWED" {
+			if st, err := os.ReadFile(filepath.Join(d.Dir(), "freezer.state")); err == nil && strings.TrimSpace(string(st)) != "THAWED" {
 				continue
 			}
-			from := ownCgroup(string(self), d)
-			if from == "" {
+			path, ok := own[d.Hierarchy]
+			if !ok {
 				continue // cannot go back: left out
 			}
-			if os.WriteFile(filepath.Join(d, "tasks"), tid, 0) == nil {
-				back = append(back, from)
+			if os.WriteFile(filepath.Join(d.Dir(), "tasks"), tid, 0) == nil {
+				back = append(back, filepath.Join(d.Point, path))
 			}
 		}
 		errc <- cmd.Start()
@@ -565,20 +566,18 @@ func startIn(cmd *exec.Cmd, dirs []string) error {
 	return <-errc
 }
 
-// ownCgroup is the cgroup, in the hierarchy of the cgroup directory dir,
-// of the thread whose /proc/thread-self/cgroup is self: a directory under
-// the same mount point, or "" when self names none there.
-func ownCgroup(self, dir string) string {
+// ownCgroups reads /proc/PID/cgroup's lines ("id:controllers:path") into
+// each cgroup v1 hierarchy's path, keyed as CgroupDir.Hierarchy
+// ("cpu,cpuacct", "systemd" for "name=systemd"); the cgroup v2 line,
+// whose controllers are empty, is left out.
+func ownCgroups(self string) map[string]string {
+	out := map[string]string{}
 	for _, line := range strings.Split(self, "\n") {
 		f := strings.SplitN(line, ":", 3)
 		if len(f) != 3 || f[1] == "" {
 			continue
 		}
-		name := strings.TrimPrefix(f[1], "name=")
-		point := "/sys/fs/cgroup/" + name
-		if dir == point || strings.HasPrefix(dir, point+"/") {
-			return filepath.Join(point, f[2])
-		}
+		out[strings.TrimPrefix(f[1], "name=")] = f[2]
 	}
-	return ""
+	return out
 }

@@ -245,7 +245,7 @@ func TestGatedRestore(t *testing.T) {
 
 	// restoreAtGate starts a gated restore from a directory holding only
 	// descriptors.json, as a destination has it before the images arrive.
-	restoreAtGate := func(ctx context.Context, after *syncBuffer, cgroups []string) (string, *runc.Gate, chan error) {
+	restoreAtGate := func(ctx context.Context, after *syncBuffer, cgroups []runc.CgroupDir) (string, *runc.Gate, chan error) {
 		t.Helper()
 		dir := filepath.Join(t.TempDir(), "in")
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -301,7 +301,7 @@ func TestGatedRestore(t *testing.T) {
 
 	// Opened once the images are there; runc started in the container's
 	// cgroups, whose CPU share is low until the gate opens.
-	var cgroups []string
+	var cgroups []runc.CgroupDir
 	shares := ""
 	v1, err := runc.LoadCgroupV1()
 	if err != nil {
@@ -313,8 +313,8 @@ func TestGatedRestore(t *testing.T) {
 		}
 		cgroups = v1.Dirs(spec.CgroupsPath)
 		for _, d := range cgroups {
-			if b, err := os.ReadFile(filepath.Join(d, "cpu.shares")); err == nil {
-				shares = filepath.Join(d, "cpu.shares")
+			if b, err := os.ReadFile(filepath.Join(d.Dir(), "cpu.shares")); err == nil {
+				shares = filepath.Join(d.Dir(), "cpu.shares")
 				t.Logf("%s: %s", shares, strings.TrimSpace(string(b)))
 			}
 		}
@@ -349,3 +349,4 @@ func TestGatedRestore(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+

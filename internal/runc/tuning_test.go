@@ -1,6 +1,7 @@
 package runc
 
 import (
+	"maps"
 	"os"
 	"path/filepath"
 	"strings"
@@ -29,5 +30,20 @@ func TestFrozenWindowHints(t *testing.T) {
 	}
 	if h := frozenWindowHints(filepath.Join(dir, "none"), filepath.Join(dir, "none")); len(h) != 0 {
 		t.Fatalf("unreadable settings: hints = %q", h)
+	}
+}
+
+// TestOwnCgroups: a thread's cgroup lines give each v1 hierarchy's path
+// under the name CgroupV1 keys it by, and the v2 line none.
+func TestOwnCgroups(t *testing.T) {
+	self := "12:cpu,cpuacct:/a/b\n3:name=systemd:/sys.slice\n5:memory:/process_api\n0::/unified\n\n"
+	got := ownCgroups(self)
+	want := map[string]string{"cpu,cpuacct": "/a/b", "systemd": "/sys.slice", "memory": "/process_api"}
+	if !maps.Equal(got, want) {
+		t.Errorf("ownCgroups = %v, want %v", got, want)
+	}
+	d := CgroupDir{Hierarchy: "cpu,cpuacct", Point: "/mnt/cg/cpu,cpuacct", Path: "/edgehop/x"}
+	if d.Dir() != "/mnt/cg/cpu,cpuacct/edgehop/x" {
+		t.Errorf("Dir = %s", d.Dir())
 	}
 }
