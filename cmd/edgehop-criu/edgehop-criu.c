@@ -23,6 +23,10 @@
  *  - A restore request waits at such a gate too, when the agent gives
  *    one: runc starts, mounts and prepares while the images are still on
  *    their way, and CRIU starts once they are all here.
+ *  - The gate library is preloaded into every dump and restore, gated or
+ *    not: it also answers CRIU's reads of a process's rlimits that the
+ *    kernel refuses (root without CAP_SYS_RESOURCE, a process running as
+ *    another user) from /proc/PID/limits.
  *
  * Every other invocation, and any request it cannot read, goes to the real
  * criu unchanged (execv with the same arguments and descriptors); the type
@@ -128,22 +132,25 @@ int main(int argc, char **argv)
 	type = request_type(buf, n);
 	if (type == REQ_VERSION && version && version[0])
 		reply_version((int)sk, version); /* returns only when it cannot */
-	if ((type == REQ_DUMP || type == REQ_RESTORE) && gate && gate[0]) {
+	if (type == REQ_DUMP || type == REQ_RESTORE) {
 		const char *lib = getenv(ENV_GATE_LIB);
+		int gated = gate && gate[0];
 
 		/*
 		 * Run with real ids other than its effective ones (a dump as
 		 * the service's user, runc.CheckpointOpts.RealIDs), CRIU is a
 		 * secure exec and the loader ignores LD_PRELOAD: CRIU would
-		 * not wait. Then this program waits.
+		 * not wait. Then this program waits. Preloaded, the library
+		 * also answers CRIU's reads of rlimits the kernel refuses
+		 * (gate.c), ungated too.
 		 */
 		if (lib && lib[0] == '/' && getuid() == geteuid() && getgid() == getegid() && access(lib, R_OK) == 0) {
 			/* CRIU starts now and waits at the gate in its library. */
-			if (setenv("LD_PRELOAD", lib, 1) || setenv(ENV_GATE_WAIT, gate, 1)) {
+			if (setenv("LD_PRELOAD", lib, 1) || (gated && setenv(ENV_GATE_WAIT, gate, 1))) {
 				fprintf(stderr, "edgehop-criu: setenv: %s\n", strerror(errno));
 				exit(1);
 			}
-		} else if (await_gate(gate) < 0) {
+		} else if (gated && await_gate(gate) < 0) {
 			exit(1);
 		}
 	}

@@ -136,19 +136,21 @@ func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *p
 //
 // CRIU reads every process's rlimits. Without CAP_SYS_RESOURCE the
 // kernel allows that only to a caller whose real uid and gid are the
-// process's real, effective and saved ids (check_prlimit_permission). A
-// service whose processes all run as one user and group (memcached -u
-// nobody, mosquitto dropping to its own user, PostgreSQL) is dumped with
-// runc and CRIU given that real uid and gid (their effective ids and
-// capabilities stay root's); a service mixing users (a root master with
-// unprivileged workers) cannot be, and is refused while it keeps running.
-// nil ids: dump as the agent is.
-func (a *Agent) checkDumpable(name string, pid int) (*runc.IDs, error) {
+// process's real, effective and saved ids (check_prlimit_permission).
+// With the criu shim's gate library (runc.Runtime.ReadsAnyRlimits)
+// CRIU reads them from /proc/PID/limits instead, whatever the users.
+// Without it, a service whose processes all run as one user and group
+// (memcached -u nobody, mosquitto dropping to its own user, PostgreSQL)
+// is dumped with runc and CRIU given that real uid and gid (their
+// effective ids and capabilities stay root's); a service mixing users
+// (a root master with unprivileged workers) cannot be, and is refused
+// while it keeps running. nil ids: dump as the agent is.
+func (a *Agent) checkDumpable(ctx context.Context, name string, pid int) (*runc.IDs, error) {
 	ok, err := linux.HasCapSysResource()
 	if err != nil || ok {
 		return nil, nil // unknown: let CRIU decide (a failed dump rolls back)
 	}
-	if pid <= 0 {
+	if pid <= 0 || a.rt.ReadsAnyRlimits(ctx) {
 		return nil, nil
 	}
 	pids, err := linux.ProcessTree(pid)

@@ -108,7 +108,7 @@ func (a *Agent) newOutgoing(name string, req migration.Request) (*outgoing, erro
 		}
 		return nil, fmt.Errorf("%w: %s is not running on %s (status %s), so there is nothing to migrate; see 'edgehop logs %s'", ErrInvalid, name, a.cfg.Node, status, name)
 	}
-	dumpAs, err := a.checkDumpable(name, st.Pid)
+	dumpAs, err := a.checkDumpable(ctx, name, st.Pid)
 	if err != nil {
 		a.release(name)
 		return nil, err

@@ -21,6 +21,12 @@
 // library's constructor, so its exec and dynamic loading fall before the
 // gate opens too; a criu run with real ids not its effective ones (a
 // secure exec: LD_PRELOAD ignored) is started by the shim after the gate.
+// The library, preloaded into every dump and restore, also answers
+// CRIU's reads of a process's rlimits that the kernel refuses to a root
+// without CAP_SYS_RESOURCE (a process of another user) from
+// /proc/PID/limits (Runtime.ReadsAnyRlimits): services mixing users
+// dump as root; without the library, only a service of one user can be
+// dumped, with that user's real ids (CheckpointOpts.RealIDs).
 // CRIU configuration (WriteCRIUConfig) keeps the
 // masked directories and the /sys/fs/cgroup tmpfs out of the images as
 // external mounts (ExternalMasks, ExternalCgroupFS with

@@ -49,11 +49,17 @@ func runTests(m *testing.M) int {
 
 // buildRootfs makes a minimal root filesystem: a static busybox with a
 // relative symlink per applet (`busybox --install -s` would link to the
-// host path), plus the directories runc mounts on.
+// host path), plus the directories runc mounts on, and users root and
+// nobody.
 func buildRootfs(dir string) error {
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
 		return fmt.Errorf("busybox not installed (run 'make setup'): %w", err)
+	}
+	// Its root is the containers' /: searchable by nobody too (a temp
+	// dir is made 0700).
+	if err := os.Chmod(dir, 0o755); err != nil {
+		return err
 	}
 	for _, d := range []string{"bin", "proc", "sys", "dev", "tmp", "etc", "root"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o755); err != nil {
@@ -79,7 +85,10 @@ func buildRootfs(dir string) error {
 			return err
 		}
 	}
-	return os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\n"), 0o644)
+	if err := os.WriteFile(filepath.Join(dir, "etc", "group"), []byte("root:x:0:\nnogroup:x:65534:\n"), 0o644); err != nil {
+		return err
+	}
+	return os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/sh\n"), 0o644)
 }
 
 // newRuntime returns a Runtime with its own runc root for this test,

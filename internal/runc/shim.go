@@ -50,6 +50,9 @@ type shimState struct {
 	once, gateOnce sync.Once
 	version        string // path of CRIU's recorded version reply; "" if none
 	gateLib        string // the gate library, checked to load into CRIU; "" if none
+	// rlimits: the gate library answers CRIU's rlimit reads the kernel
+	// refuses (its probe read /proc/self/limits as getrlimit does).
+	rlimits bool
 }
 
 // shimEnv is the environment that makes runc use the shim: the real criu
@@ -69,11 +72,12 @@ func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
 			r.logger().Info("no criu gate library; CRIU starts when its gate opens", "err", err)
 			return
 		}
-		if err := probeGateLib(ctx, criu, lib); err != nil {
+		rlimits, err := probeGateLib(ctx, criu, lib)
+		if err != nil {
 			r.logger().Warn("criu does not load the gate library; CRIU starts when its gate opens", "lib", lib, "err", err)
 			return
 		}
-		r.shim.gateLib = lib
+		r.shim.gateLib, r.shim.rlimits = lib, rlimits
 	})
 	env := []string{shimEnvCRIU + "=" + criu}
 	if r.shim.version != "" {
@@ -87,18 +91,42 @@ func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
 
 // probeGateLib checks that criu loads lib and runs its constructor before
 // main: asked to, the library answers for criu. A static criu ignores
-// LD_PRELOAD, and would then not wait at the gate.
-func probeGateLib(ctx context.Context, criu, lib string) error {
+// LD_PRELOAD, and would then not wait at the gate. rlimits reports that
+// the library also read this process's /proc limits as getrlimit does,
+// and so answers CRIU's rlimit reads the kernel refuses.
+func probeGateLib(ctx context.Context, criu, lib string) (rlimits bool, err error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, criu, "--version")
 	cmd.Env = append(os.Environ(), "LD_PRELOAD="+lib, gateEnvProbe+"=1")
 	out, err := cmd.Output()
-	if got := string(out); got != "edgehop-criu-gate\n" {
+	switch got := string(out); got {
+	case "edgehop-criu-gate\n":
+		return false, nil
+	case "edgehop-criu-gate\nrlimits\n":
+		return true, nil
+	default:
 		first, _, _ := strings.Cut(got, "\n")
-		return fmt.Errorf("criu --version with the library preloaded said %q (%v)", first, err)
+		return false, fmt.Errorf("criu --version with the library preloaded said %q (%v)", first, err)
 	}
-	return nil
+}
+
+// ReadsAnyRlimits reports whether this Runtime's CRIU reads the rlimits
+// of processes running as any user, though the kernel refuses that to a
+// root without CAP_SYS_RESOURCE: runc runs the shim, which preloads the
+// gate library into CRIU, and the library answers such reads from
+// /proc/PID/limits. Without, CRIU can dump only processes whose ids are
+// its real ids (CheckpointOpts.RealIDs).
+func (r *Runtime) ReadsAnyRlimits(ctx context.Context) bool {
+	criu, err := r.criuPath()
+	if err != nil {
+		return false
+	}
+	if shim, _ := r.shimPath(); shim == "" {
+		return false
+	}
+	r.shimEnv(ctx, criu)
+	return r.shim.gateLib != "" && r.shim.rlimits
 }
 
 // WarmShim records CRIU's version reply for the shim now; otherwise the

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/testutil"
 )
@@ -350,3 +351,92 @@ func TestGatedRestore(t *testing.T) {
 	}
 }
 
+// TestCheckpointMixedUsers: a container whose counting root shell runs a
+// child as nobody (a root master with an unprivileged worker). Where root
+// lacks CAP_SYS_RESOURCE, stock CRIU cannot read the child's rlimits;
+// with the shim's gate library preloaded, CRIU reads them from
+// /proc/PID/limits, the checkpoint succeeds, and the restored container
+// counts on with its child still nobody. Without the library (the shim
+// alone) the same checkpoint fails on the rlimits and the container
+// keeps running.
+func TestCheckpointMixedUsers(t *testing.T) {
+	if ok, err := linux.HasCapSysResource(); err != nil || ok {
+		t.Skipf("skipped: root holds CAP_SYS_RESOURCE here (%v), so CRIU reads every process's rlimits itself", err)
+	}
+	shim := runc.BuildShimForTest(t)
+	alone := filepath.Join(t.TempDir(), runc.ShimName)
+	if b, err := exec.Command("cp", shim, alone).CombinedOutput(); err != nil {
+		t.Fatalf("copy the shim: %v %s", err, b)
+	}
+	ctx := context.Background()
+	args := []string{"sh", "-c", "su -s /bin/sh nobody -c 'exec sleep 1000' & " + counterArgs[2]}
+	run := func(t *testing.T, r *runc.Runtime) (string, runc.Spec, *syncBuffer, int) {
+		id := testutil.UniqueName("mixed")
+		spec := testSpec(t, testutil.NewNetNS(t, "mixed"), args...)
+		out := &syncBuffer{}
+		pid, err := r.Run(ctx, id, writeBundle(t, spec), runc.IO{Stdout: out, Stderr: out})
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitCount(t, out, 3)
+		return id, spec, out, pid
+	}
+	nobodyChild := func(t *testing.T, pid int) {
+		t.Helper()
+		testutil.Eventually(t, 5*time.Second, func() error {
+			kids, err := linux.ProcessTree(pid)
+			if err != nil {
+				return err
+			}
+			for _, k := range kids {
+				if u, err := linux.ProcessUIDs(k); err == nil && u == [3]int{65534, 65534, 65534} {
+					return nil
+				}
+			}
+			return fmt.Errorf("no process of %d runs as nobody (tree %v)", pid, kids)
+		})
+	}
+
+	t.Run("library", func(t *testing.T) {
+		r := newRuntime(t)
+		r.Shim = shim
+		requireCRIU(t, r)
+		if !r.ReadsAnyRlimits(ctx) {
+			t.Fatal("the gate library does not read rlimits from /proc here")
+		}
+		id, spec, out, pid := run(t, r)
+		nobodyChild(t, pid)
+		images := filepath.Join(t.TempDir(), "images")
+		if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images}); err != nil {
+			t.Fatalf("checkpoint of a root shell with a nobody child: %v", err)
+		}
+		last := out.ints(t)
+		var after syncBuffer
+		pid, err := r.Restore(ctx, id, writeBundle(t, spec), runc.RestoreOpts{ImagePath: images}, runc.IO{Stdout: &after, Stderr: &after})
+		if err != nil {
+			t.Fatal(err)
+		}
+		consecutive(t, "after restore", waitCount(t, &after, 3), last[len(last)-1]+1)
+		nobodyChild(t, pid)
+	})
+	t.Run("shim alone", func(t *testing.T) {
+		r := newRuntime(t)
+		r.Shim = alone
+		requireCRIU(t, r)
+		if r.ReadsAnyRlimits(ctx) {
+			t.Fatal("without the library, ReadsAnyRlimits says CRIU reads every rlimit")
+		}
+		id, _, out, pid := run(t, r)
+		nobodyChild(t, pid)
+		images := filepath.Join(t.TempDir(), "images")
+		err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images})
+		if err == nil {
+			t.Fatal("stock CRIU dumped a nobody child without CAP_SYS_RESOURCE: the test shows nothing")
+		}
+		t.Logf("refused as expected: %v", err)
+		if log, rerr := os.ReadFile(filepath.Join(images, runc.DumpLog)); rerr == nil && !strings.Contains(string(log), "rlimit") {
+			t.Errorf("the dump failed, but not on rlimits: %v", err)
+		}
+		advancing(t, out, "after the failed checkpoint")
+	})
+}
