@@ -11,10 +11,11 @@ import v1 "github.com/google/go-containerregistry/pkg/v1"
 //	edgehop run web wordpress --group wp --after db --env WORDPRESS_DB_HOST=<db's IP> edgehop-wordpress
 //
 // The database listens on 3306 (user and database "wordpress", password
-// "wordpress"), the web tier on 8080. Every process of a container runs as
-// one user (mysql, www-data): mariadbd drops to mysql itself, and Apache
-// is started as www-data, so its prefork children share their parent's
-// ids. Nothing logs per request.
+// "wordpress"), the web tier on 8080. Each runs as Debian runs it:
+// mariadbd drops to user mysql itself, and Apache's master stays root
+// while its prefork children run as www-data (a service of two users,
+// which CRIU dumps through edgehop's gate library where root lacks
+// CAP_SYS_RESOURCE). Nothing logs per request.
 var wordpressImage = debianImage{
 	name:    WordPress,
 	version: "wordpress v1",
@@ -48,12 +49,13 @@ const wpMariaDBStart = `#!/bin/sh
 exec mariadbd --user=mysql "$@"
 `
 
-// wpApacheStart runs Apache in the foreground as www-data (port 8080
-// needs no privilege), with Debian's environment for apache2.
+// wpApacheStart runs Apache in the foreground with Debian's environment
+// for apache2: its master as root, its children as APACHE_RUN_USER
+// (www-data).
 const wpApacheStart = `#!/bin/sh
 set -e
 . /etc/apache2/envvars
-exec setpriv --reuid=www-data --regid=www-data --init-groups -- apache2 -DFOREGROUND "$@"
+exec apache2 -DFOREGROUND "$@"
 `
 
 // wpMariaDBConf: reachable from the web tier's container; no reverse DNS
