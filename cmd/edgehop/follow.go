@@ -8,6 +8,7 @@ import (
 	"os"
 	"sort"
 	"strings"
+	"time"
 	"text/tabwriter"
 
 	"github.com/edgehop/edgehop/internal/controller"
@@ -133,7 +134,11 @@ func runServices(ctx context.Context, args []string) error {
 		if !s.LastMigration.IsZero() {
 			last = s.LastMigration.Local().Format("15:04:05")
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.User, s.Node, s.Policy.Kind, s.Migrating, last)
+		node := s.Node
+		if s.Split != nil {
+			node = strings.Join(s.Split, "+") + " (split)"
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\n", s.Name, s.User, node, s.Policy.Kind, s.Migrating, last)
 	}
 	return w.Flush()
 }
@@ -209,6 +214,7 @@ func runFollow(ctx context.Context, args []string) error {
 	var user, node, kind, strategy *string
 	var threshold, minOps, target *float64
 	var hops *int
+	var reunite *time.Duration
 	c, fs, _, err := ctlCommand("follow", args, func(fs *flag.FlagSet) {
 		user = fs.String("user", "", "the user the service follows")
 		node = fs.String("node", "", "the node the service runs on now")
@@ -218,6 +224,7 @@ func runFollow(ctx context.Context, args []string) error {
 		hops = fs.Int("max-hops", 0, "region policy: the hop limit")
 		minOps = fs.Float64("min-ops", 0, "throughput policy: the threshold in operations per second")
 		target = fs.Float64("downtime-target-ms", 0, "model policy: the downtime target")
+		reunite = fs.Duration("reunite-after", 0, "a group split across two nodes this long is made whole on the one nearer the user (default 30s)")
 	})
 	if err != nil {
 		return err
@@ -227,7 +234,8 @@ func runFollow(ctx context.Context, args []string) error {
 	}
 	name := args[0]
 	s, err := c.AddService(ctx, controller.AddServiceRequest{Name: name, User: *user, Node: *node,
-		Policy: policy.Config{Kind: *kind, Strategy: *strategy, ThresholdMs: *threshold, MaxHops: *hops, MinOps: *minOps, DowntimeTargetMs: *target}})
+		Policy: policy.Config{Kind: *kind, Strategy: *strategy, ThresholdMs: *threshold, MaxHops: *hops, MinOps: *minOps, DowntimeTargetMs: *target,
+			ReuniteAfter: *reunite}})
 	if err != nil {
 		return err
 	}

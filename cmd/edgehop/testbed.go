@@ -191,19 +191,20 @@ func testbedLink(ctx context.Context, args []string) error {
 	delay := fs.String("delay", "", "new one-way delay")
 	jitter := fs.String("jitter", "", "new jitter")
 	loss := fs.Float64("loss", -1, "new loss probability")
-	if err := parse(fs, args); err != nil {
+	pos, err := parseInterleaved(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return fmt.Errorf("%w: edgehop testbed link [--rate R] [--delay D] [--jitter J] [--loss P] NODE|CLIENT", errUsage)
+	if len(pos) != 1 {
+		return fmt.Errorf("%w: edgehop testbed link NODE|CLIENT [--rate R] [--delay D] [--jitter J] [--loss P]", errUsage)
 	}
 	st, err := tb.load()
 	if err != nil {
 		return err
 	}
-	m, ok := st.Member(fs.Arg(0))
+	m, ok := st.Member(pos[0])
 	if !ok || m.Name == "core" {
-		return fmt.Errorf("unknown node or client %q (see 'edgehop testbed status')", fs.Arg(0))
+		return fmt.Errorf("unknown node or client %q (see 'edgehop testbed status')", pos[0])
 	}
 	l := m.Link
 	if *rate != "" {

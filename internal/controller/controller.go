@@ -530,10 +530,10 @@ func (c *Controller) Heartbeat(ctx context.Context, hb api.Heartbeat) (api.Heart
 	if err := c.eng.Heartbeat(hb.Node, hb.Address, hb.LinkBps, hb.Containers, time.Now()); err != nil {
 		return api.HeartbeatReply{}, fmt.Errorf("%w: %v", ErrNotFound, err)
 	}
-	for _, s := range c.eng.Groups(hb.Node, hb.Groups) {
+	for _, s := range c.eng.Groups(hb.Node, hb.Groups, time.Now()) {
 		if s.Split != nil {
-			c.event("group-split", fmt.Sprintf("%s runs split across %s (a member moved alone): no decision is made for it until it runs whole on one node ('edgehop migrate %s --to %s' moves the members elsewhere there)",
-				s.Name, strings.Join(s.Split, ", "), s.Name, s.Split[0]), map[string]any{"service": s.Name, "nodes": s.Split})
+			c.event("group-split", fmt.Sprintf("%s runs split across %s (a member moved alone): its policy waits until it runs whole on one node; split across two, it is made whole on the one nearer its user after %s ('edgehop migrate %s --to %s' does it now)",
+				s.Name, strings.Join(s.Split, ", "), s.Policy.WithDefaults().ReuniteAfter, s.Name, s.Split[0]), map[string]any{"service": s.Name, "nodes": s.Split})
 		} else {
 			c.event("group-whole", fmt.Sprintf("%s runs whole on %s again", s.Name, s.Node), map[string]any{"service": s.Name, "node": s.Node})
 		}

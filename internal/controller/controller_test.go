@@ -417,7 +417,7 @@ func TestEngineGroups(t *testing.T) {
 	if s, _ := e.Service("app"); s.Group || s.Node != "node0" {
 		t.Fatalf("before any agent reported the group: %+v", s)
 	}
-	e.Groups("node1", []string{"app", "other"})
+	e.Groups("node1", []string{"app", "other"}, time.Now())
 	if s, _ := e.Service("app"); !s.Group || s.Node != "node1" {
 		t.Fatalf("after node1 reported it: %+v", s)
 	}
@@ -445,7 +445,11 @@ func TestGroupSplitAcrossNodes(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	decides := func() bool { return len(c.eng.Decide("alice", time.Now())) > 0 }
+	// decides: its policy ran (not the wait of a split group, Reunite).
+	decides := func() bool {
+		ds := c.eng.Decide("alice", time.Now())
+		return len(ds) > 0 && !strings.HasPrefix(ds[0].Reason, "split across")
+	}
 	beat("node0", []string{"db", "web"}, "app")
 	beat("node1", nil)
 	if s, _ := c.eng.Service("app"); s.Split != nil || s.Node != "node0" || !decides() {
@@ -552,5 +556,94 @@ func TestModelUsesMeasuredMemory(t *testing.T) {
 	}
 	if moved.Inputs.StateBytes != measured || moved.Inputs.PredictedTotalMs <= 0 {
 		t.Errorf("decision predicted from %v bytes (total %.0f ms), want the measured %d", moved.Inputs.StateBytes, moved.Inputs.PredictedTotalMs, measured)
+	}
+}
+
+// A group split across two nodes for its policy's ReuniteAfter is made
+// whole on the one nearer its user: the members on the other move there
+// as one. Until then, and while that migration runs, it stays split; a
+// reunite that fails waits ReuniteAfter again.
+func TestSplitGroupReunited(t *testing.T) {
+	c, _ := newTestController(t, ":memory:")
+	ctx := context.Background()
+	if _, err := c.AddUser(ctx, "alice", "172.31.0.2", topo.Point{X: 20}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.AddService(ctx, ServiceState{Name: "app", User: "alice", Node: "node0",
+		Policy: policy.Config{Kind: policy.KindLatency, Strategy: "pre-copy", ReuniteAfter: 20 * time.Second}}); err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Now()
+	beat := func(node string, containers []string, groups ...string) {
+		t.Helper()
+		if err := c.eng.Heartbeat(node, "", 0, containers, t0); err != nil {
+			t.Fatal(err)
+		}
+		c.eng.Groups(node, groups, t0)
+	}
+	if err := c.eng.Measurements("node0", nil, map[string]float64{"alice": 9}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.eng.Measurements("node1", nil, map[string]float64{"alice": 4}); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		beat("node0", []string{"web"}, "app")
+		beat("node1", []string{"db"}, "app")
+	}
+	if s, _ := c.eng.Service("app"); !slices.Equal(s.Split, []string{"node0", "node1"}) || !s.SplitSince.Equal(t0) {
+		t.Fatalf("split: %+v", s)
+	}
+	decide := func(at time.Duration) policy.Decision {
+		t.Helper()
+		ds := c.eng.Decide("alice", t0.Add(at))
+		if len(ds) != 1 {
+			t.Fatalf("at %s: decisions %+v", at, ds)
+		}
+		return ds[0]
+	}
+	if d := decide(19 * time.Second); d.Migrate || !strings.Contains(d.Reason, "made whole once split for 20s") {
+		t.Fatalf("before ReuniteAfter: %+v", d)
+	}
+	d := decide(21 * time.Second)
+	if !d.Migrate || d.From != "node0" || d.To != "node1" || d.Strategy != "pre-copy" || !strings.Contains(d.Reason, "reunite") {
+		t.Fatalf("after ReuniteAfter: %+v, want pre-copy of node0's members to node1 (nearer alice)", d)
+	}
+	// Migrating: no other decision, and the heartbeats keep it split.
+	if ds := c.eng.Decide("alice", t0.Add(22*time.Second)); len(ds) != 0 {
+		t.Fatalf("while pending: %+v", ds)
+	}
+	beat("node0", []string{"web"}, "app")
+	beat("node1", []string{"db"}, "app")
+	if s, _ := c.eng.Service("app"); len(s.Split) != 2 {
+		t.Fatalf("while reuniting: %+v", s)
+	}
+	// It failed: split again, and it waits ReuniteAfter anew.
+	c.eng.Migrated("app", "", false, t0.Add(30*time.Second))
+	if d := decide(40 * time.Second); d.Migrate {
+		t.Fatalf("10 s after a failed reunite: %+v", d)
+	}
+	if d := decide(51 * time.Second); !d.Migrate || d.To != "node1" {
+		t.Fatalf("21 s after a failed reunite: %+v", d)
+	}
+	// It worked: node0 reports nothing, node1 the whole group.
+	c.eng.Migrated("app", "node1", true, t0.Add(52*time.Second))
+	// node0's last report, from before the migration ended, still has it:
+	// no second reunite, and node0 no longer holds it steadily.
+	if d := decide(53 * time.Second); d.Migrate {
+		t.Fatalf("right after the reunite: %+v", d)
+	}
+	beat("node1", []string{"db", "web"}, "app")
+	if s, _ := c.eng.Service("app"); s.Split != nil || s.Node != "node1" {
+		t.Fatalf("node1's first report after the reunite: %+v", s)
+	}
+	beat("node0", []string{"web"}, "app")
+	if s, _ := c.eng.Service("app"); s.Split != nil {
+		t.Fatalf("node0's one stale report after the reunite split it: %+v", s)
+	}
+	beat("node0", nil)
+	beat("node1", []string{"db", "web"}, "app")
+	if s, _ := c.eng.Service("app"); s.Split != nil || !s.SplitSince.IsZero() || s.Node != "node1" || s.Left != "node0" {
+		t.Fatalf("whole on node1: %+v", s)
 	}
 }

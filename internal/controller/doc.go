@@ -12,8 +12,10 @@
 // node's agent and records what they report. A service that is a group
 // or pod (Engine.Groups, from the heartbeats) moves as one: its members'
 // jobs are one migration record (migration.UnitResult); reported whole
-// by two live nodes (a member moved alone), it is Split and not moved
-// until one node alone reports it again. The model
+// by two live nodes (a member moved alone), it is Split and its policy
+// does not run until one node alone reports it again; split across two
+// nodes for its policy's ReuniteAfter, policy.Reunite moves the members
+// on one node to the other, the one nearer the user. The model
 // predicts a migration from the memory the service's agent measures
 // (Engine.Memory; a group's is its members' sum), the operator's declared
 // memory only until one is reported. Handler serves the operator API

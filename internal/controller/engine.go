@@ -76,9 +76,12 @@ type ServiceState struct {
 	Group bool `json:"group,omitempty"`
 	// Split lists the nodes a group runs on when it runs on more than
 	// one (a member was moved alone): each agent reports its part whole,
-	// since none knows the others. No decision is made for it until it
-	// runs on one node again.
+	// since none knows the others. Its policy is not run until it runs
+	// on one node again; split across two nodes for its policy's
+	// ReuniteAfter, it is made whole (policy.Reunite).
 	Split []string `json:"split,omitempty"`
+	// SplitSince is when it was found split.
+	SplitSince time.Time `json:"split_since,omitzero"`
 
 	// unplaced: read back from the store by a restarted controller and
 	// not yet seen in an agent's heartbeat, so Node may be stale (a
@@ -170,9 +173,10 @@ func (e *Engine) Heartbeat(node, address string, linkBps float64, containers []s
 // Groups records the groups (and pods) node's agent reports running
 // whole there: a service of one of these names is that group, runs on
 // node, and moves as one. A group that another live node reports too
-// runs split across them (Split); changed lists the services whose Split
-// this report changed.
-func (e *Engine) Groups(node string, groups []string) (changed []ServiceState) {
+// runs split across them (Split, since now); changed lists the services
+// whose Split this report changed. A group migrating keeps its Split
+// until the migration ends: its parts are then the migration's two ends.
+func (e *Engine) Groups(node string, groups []string, now time.Time) (changed []ServiceState) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	n, ok := e.nodes[node]
@@ -195,20 +199,26 @@ func (e *Engine) Groups(node string, groups []string) (changed []ServiceState) {
 		if slices.Contains(groups, g) {
 			s.Group = true
 		}
+		if s.Migrating != "" {
+			continue
+		}
 		var split []string
-		if s.Migrating == "" {
-			// Otherwise its parts are the migration's two ends.
-			on, steady := e.holdersLocked(g)
-			switch {
-			case len(steady) > 1:
-				split = steady
-			case slices.Contains(on, node):
-				s.Node, s.unplaced = node, false
-			case len(on) == 1:
-				s.Node, s.unplaced = on[0], false
-			}
+		on, steady := e.holdersLocked(g)
+		switch {
+		case len(steady) > 1:
+			split = steady
+		case slices.Contains(on, node):
+			s.Node, s.unplaced = node, false
+		case len(on) == 1:
+			s.Node, s.unplaced = on[0], false
 		}
 		if !slices.Equal(split, s.Split) {
+			if s.Split == nil || split == nil {
+				s.SplitSince = now
+			}
+			if split == nil {
+				s.SplitSince = time.Time{}
+			}
 			s.Split = split // replaced, never changed in place: copies share it
 			changed = append(changed, *s)
 		}
@@ -444,7 +454,7 @@ func (e *Engine) DecideEach(user string, now time.Time, fn func(policy.Decision)
 // or its user is unknown.
 func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool) {
 	s := e.services[name]
-	if s == nil || s.Migrating != "" || s.unplaced || s.Split != nil {
+	if s == nil || s.Migrating != "" || s.unplaced {
 		return policy.Decision{}, false
 	}
 	u := e.users[s.User]
@@ -455,6 +465,13 @@ func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool
 		Service: policy.Service{Name: s.Name, Node: s.Node, MemoryBytes: memoryLocked(s), DirtyRate: s.DirtyRate, LastMigration: s.LastMigration,
 			Left: s.Left, ReturnWanted: s.returnWanted, Config: s.Policy},
 		User: policy.User{Name: u.Name, Pos: u.Pos, AP: u.AP, Region: u.Region, RTTMs: u.RTTMs, ThroughputOps: u.ThroughputOps, LatencyMs: u.LatencyMs}}
+	if s.Split != nil {
+		d := policy.Reunite(v, s.Split, s.SplitSince)
+		if d.Migrate {
+			s.Migrating = "pending"
+		}
+		return d, true
+	}
 	d := policy.Decide(v)
 	switch {
 	case !d.Return:
@@ -493,6 +510,21 @@ func (e *Engine) Migrated(service, node string, moved bool, now time.Time) {
 	defer e.mu.Unlock()
 	if s, ok := e.services[service]; ok {
 		s.Migrating = ""
+		if s.Split != nil {
+			// A reunite that failed waits ReuniteAfter again; one that
+			// worked, for the reports that say so.
+			s.SplitSince = now
+		}
+		if moved && s.Group {
+			// A node that had it reports it whole twice in a row again
+			// before it counts as holding it: its last report may
+			// predate the migration's end.
+			for _, n := range e.nodes {
+				if n.Name != node {
+					delete(n.beats, service)
+				}
+			}
+		}
 		if moved && node != "" && node != s.Node {
 			s.Left = s.Node
 		}

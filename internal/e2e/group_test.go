@@ -19,6 +19,7 @@ import (
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/testbed"
+	"github.com/edgehop/edgehop/internal/testutil"
 )
 
 // groupResult is `edgehop migrate GROUP --json`.
@@ -608,4 +609,75 @@ func checkOwnCgroup(t *testing.T, when string, c ctr) {
 		}
 	}
 	t.Fatalf("%s: %s has no /sys/fs/cgroup/memory", when, c.Name)
+}
+
+// TestControllerReunitesSplitGroup: a group following its user is split
+// by moving one member alone to a node farther from the user. The
+// controller sees it split, waits its policy's reunite_after, and moves
+// that member back to the other's node (nearer the user) as one unit: the
+// group runs whole there, with the clients' connections, the replication
+// connection between the members and the data kept.
+func TestControllerReunitesSplitGroup(t *testing.T) {
+	e := newEnv(t)
+	testutil.RequireTool(t, "ping")
+	st := servicesTestbed(e)
+	const n, size = 1000, 1000
+	db, web := e.redisGroup(st, n, size)
+	link := replicaLinkID(t, db)
+	// node1 is 20 ms farther from everything: node0 is nearer the user.
+	e.must("testbed", "link", "node1", "--delay", "10ms")
+	e.must("user", "add", "alice", "--address", st.Clients[0].Address, "--x", "0")
+	// A latency threshold the user never exceeds: only a reunite moves it.
+	e.must("follow", "app", "--user", "alice", "--node", "node0", "--policy", "latency", "--threshold-ms", "1000",
+		"--strategy", "pre-copy", "--reunite-after", "3s")
+	var mr migResult
+	e.mustJSON(&mr, "migrate", "web", "--to", "node1", "--json")
+	if !mr.OK {
+		t.Fatalf("web alone to node1: %+v", mr)
+	}
+	type svc struct {
+		Name  string   `json:"name"`
+		Node  string   `json:"node"`
+		Split []string `json:"split"`
+	}
+	sawSplit := false
+	deadline := time.Now().Add(90 * time.Second)
+	for {
+		var ss []svc
+		e.mustJSON(&ss, "services", "--json")
+		if len(ss) == 1 && len(ss[0].Split) == 2 {
+			sawSplit = true
+		}
+		var ps []ctr
+		e.mustJSON(&ps, "ps", "--json")
+		whole := len(ps) == 2 && ps[0].Node == "node0" && ps[1].Node == "node0"
+		if sawSplit && whole && len(ss) == 1 && ss[0].Split == nil && ss[0].Node == "node0" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("after 90 s: saw it split %v; services %+v; ps %+v", sawSplit, ss, ps)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	var es []struct {
+		Data struct {
+			Migrate bool   `json:"migrate"`
+			From    string `json:"from"`
+			To      string `json:"to"`
+			Reason  string `json:"reason"`
+		} `json:"data"`
+	}
+	e.mustJSON(&es, "decisions", "--json", "--limit", "50")
+	var reunites []string
+	for _, en := range es {
+		d := en.Data
+		if d.Migrate && strings.HasPrefix(d.Reason, "reunite") {
+			reunites = append(reunites, d.From+" -> "+d.To)
+			t.Logf("decision %s -> %s: %s", d.From, d.To, d.Reason)
+		}
+	}
+	if len(reunites) != 1 || reunites[0] != "node1 -> node0" {
+		t.Errorf("reunite decisions %v, want one, node1 -> node0", reunites)
+	}
+	e.checkGroupIntact("made whole by the controller", db, web, "node0", link, n, size, 1)
 }

@@ -9,6 +9,10 @@
 // migration, a target must beat the serving node by a hysteresis
 // margin, and a return to the node the service last left must have been
 // wanted without a break for a sustain time (the ping-pong guard: a user
-// wandering on a border does not drag the service back and forth). Decide is pure: it reads a View and returns a Decision with its
-// inputs and reason; the controller does the I/O.
+// wandering on a border does not drag the service back and forth). A
+// group split across two nodes (a member moved alone) is decided by
+// Reunite instead: after ReuniteAfter, its members on one node join those
+// on the node nearer the user. Decide and Reunite are pure: they read a
+// View and return a Decision with its inputs and reason; the controller
+// does the I/O.
 package policy

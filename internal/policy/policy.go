@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strings"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/model"
@@ -55,6 +56,10 @@ type Config struct {
 	// continuously for this long (a user walking back for good passes;
 	// one wandering on a border does not).
 	ReturnSustain time.Duration `json:"return_sustain_ns,omitempty"`
+	// ReuniteAfter: a group split across two nodes (a member moved
+	// alone) for this long is made whole (Reunite); until then an
+	// operator moving its members one by one is left to finish.
+	ReuniteAfter time.Duration `json:"reunite_after_ns,omitempty"`
 	// Strategy is the migration strategy (the model policy chooses its
 	// own).
 	Strategy string `json:"strategy,omitempty"`
@@ -63,7 +68,8 @@ type Config struct {
 // DefaultConfig returns the defaults of kind.
 func DefaultConfig(kind string) Config {
 	return Config{Kind: kind, ThresholdMs: 6, MaxHops: 1, NeighbourMs: 150, UselessMs: 1000, ServiceInitMs: 5000,
-		MinOps: 0, DowntimeTargetMs: 1000, MinDwell: 10 * time.Second, HysteresisMs: 1, ReturnSustain: 30 * time.Second, Strategy: "stop-and-copy"}
+		MinOps: 0, DowntimeTargetMs: 1000, MinDwell: 10 * time.Second, HysteresisMs: 1, ReturnSustain: 30 * time.Second, ReuniteAfter: 30 * time.Second,
+		Strategy: "stop-and-copy"}
 }
 
 // WithDefaults fills zero fields from DefaultConfig(c.Kind).
@@ -96,6 +102,9 @@ func (c Config) WithDefaults() Config {
 	if c.ReturnSustain == 0 {
 		c.ReturnSustain = d.ReturnSustain
 	}
+	if c.ReuniteAfter == 0 {
+		c.ReuniteAfter = d.ReuniteAfter
+	}
 	if c.Strategy == "" {
 		c.Strategy = d.Strategy
 	}
@@ -118,8 +127,8 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %v: want a finite value ≥ 0", name, v))
 		}
 	}
-	if c.MaxHops < 0 || c.MinDwell < 0 || c.ReturnSustain < 0 {
-		errs = append(errs, errors.New("max_hops, min_dwell and return_sustain must be ≥ 0"))
+	if c.MaxHops < 0 || c.MinDwell < 0 || c.ReturnSustain < 0 || c.ReuniteAfter < 0 {
+		errs = append(errs, errors.New("max_hops, min_dwell, return_sustain and reunite_after must be ≥ 0"))
 	}
 	if c.Kind == KindThroughput && c.MinOps <= 0 {
 		errs = append(errs, errors.New("throughput policy: min_ops must be > 0"))
@@ -265,6 +274,51 @@ func Decide(v View) Decision {
 		return d
 	}
 	return guardReturn(v, c, d)
+}
+
+// Reunite decides for a group that runs split across the live nodes
+// split (each holding some of its members) since since: once it has run
+// so for Config.ReuniteAfter, the members on one node move to the other,
+// the one nearer the user (the lower measured RTT; without measurements,
+// the node the service was placed on). A group split across more than
+// two nodes is left to the operator (it takes more than one move).
+func Reunite(v View, split []string, since time.Time) Decision {
+	c := v.Service.Config.WithDefaults()
+	d := Decision{Service: v.Service.Name, User: v.User.Name, Policy: c.Kind, From: v.Service.Node}
+	if len(split) != 2 {
+		d.Reason = fmt.Sprintf("split across %d nodes (%s): made whole only from two; move its members together by hand", len(split), strings.Join(split, ", "))
+		return d
+	}
+	waited := v.Now.Sub(since)
+	if waited < c.ReuniteAfter {
+		d.Reason = fmt.Sprintf("split across %s and %s for %.1f s: made whole once split for %s", split[0], split[1], waited.Seconds(), c.ReuniteAfter)
+		return d
+	}
+	to := split[0]
+	r0, ok0 := v.User.RTTMs[split[0]]
+	r1, ok1 := v.User.RTTMs[split[1]]
+	switch {
+	case ok0 && ok1 && r1 < r0, ok1 && !ok0:
+		to = split[1]
+	case ok0 || ok1:
+	case v.Service.Node == split[1]:
+		to = split[1]
+	}
+	from := split[0]
+	if to == split[0] {
+		from = split[1]
+	}
+	d.Migrate, d.From, d.To, d.Strategy = true, from, to, c.Strategy
+	why := "nearer the user"
+	if r, ok := v.User.RTTMs[to]; ok {
+		d.Inputs.RTTTargetMs = r
+		why = fmt.Sprintf("nearer the user (%.2f ms)", r)
+	} else {
+		why = "where it was placed (no RTT to the user measured)"
+	}
+	d.Reason = fmt.Sprintf("reunite: split across %s and %s for %.1f s (at least %s); its members on %s join those on %s, %s",
+		split[0], split[1], waited.Seconds(), c.ReuniteAfter, from, to, why)
+	return d
 }
 
 // guardReturn holds a migration back to the node the service last left

@@ -209,3 +209,40 @@ func TestNoDecisionWithoutTheServingNodesMeasurement(t *testing.T) {
 		}
 	}
 }
+
+func TestReunite(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	alive := func(n string) (Node, bool) { return Node{Name: n, Alive: true}, true }
+	cases := []struct {
+		name      string
+		split     []string
+		node      string
+		rtt       map[string]float64
+		waited    time.Duration
+		from, to  string // "" to: no migration
+		reasonHas string
+	}{
+		{"too soon", []string{"a", "b"}, "a", map[string]float64{"a": 3, "b": 1}, 29 * time.Second, "", "", "made whole once split for 30s"},
+		{"nearer b", []string{"a", "b"}, "a", map[string]float64{"a": 3, "b": 1}, 30 * time.Second, "a", "b", "nearer the user (1.00 ms)"},
+		{"nearer a", []string{"a", "b"}, "b", map[string]float64{"a": 1, "b": 3}, time.Minute, "b", "a", "nearer the user"},
+		{"tie: first", []string{"a", "b"}, "b", map[string]float64{"a": 2, "b": 2}, time.Minute, "b", "a", "nearer"},
+		{"only b measured", []string{"a", "b"}, "a", map[string]float64{"b": 7}, time.Minute, "a", "b", "nearer"},
+		{"none measured: placed", []string{"a", "b"}, "b", nil, time.Minute, "a", "b", "where it was placed"},
+		{"none measured, placed elsewhere", []string{"a", "b"}, "c", nil, time.Minute, "b", "a", "where it was placed"},
+		{"three nodes", []string{"a", "b", "c"}, "a", map[string]float64{"a": 1}, time.Hour, "", "", "made whole only from two"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			v := View{Now: t0.Add(tc.waited), Nodes: alive,
+				Service: Service{Name: "app", Node: tc.node, Config: Config{Kind: KindLatency}},
+				User:    User{Name: "u", RTTMs: tc.rtt}}
+			d := Reunite(v, tc.split, t0)
+			if d.Migrate != (tc.to != "") || (tc.to != "" && (d.From != tc.from || d.To != tc.to || d.Strategy != "stop-and-copy")) {
+				t.Fatalf("Reunite = %+v, want %s -> %s", d, tc.from, tc.to)
+			}
+			if !strings.Contains(d.Reason, tc.reasonHas) {
+				t.Errorf("reason %q lacks %q", d.Reason, tc.reasonHas)
+			}
+		})
+	}
+}
