@@ -67,12 +67,13 @@ static int limit_value(const char **p, uint64_t *v)
 	return 0;
 }
 
+#define NLIMITS ((long)(sizeof(limit_names) / sizeof(limit_names[0])))
+
 /*
- * limits_from_proc reads resource res of process pid from
- * /proc/PID/limits into lim: 0, or -1 when the file or its row for res
- * is not as expected (errno untouched is not promised).
+ * read_limits reads every row of /proc/PID/limits into lims: 0, or -1
+ * when the file or a row is not as expected.
  */
-static int limits_from_proc(long pid, long res, struct rlimit64 *lim)
+static int read_limits(long pid, struct rlimit64 lims[NLIMITS])
 {
 	char path[64], buf[4096];
 	const char *line, *p;
@@ -80,8 +81,6 @@ static int limits_from_proc(long pid, long res, struct rlimit64 *lim)
 	long row;
 	int fd;
 
-	if (res < 0 || res >= (long)(sizeof(limit_names) / sizeof(limit_names[0])))
-		return -1;
 	snprintf(path, sizeof(path), "/proc/%ld/limits", pid);
 	fd = open(path, O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
@@ -93,16 +92,40 @@ static int limits_from_proc(long pid, long res, struct rlimit64 *lim)
 		return -1;
 	buf[got] = '\0';
 	line = strchr(buf, '\n'); /* past the header */
-	for (row = 0; line && row < res; row++)
-		line = strchr(line + 1, '\n');
-	if (!line)
+	for (row = 0; row < NLIMITS; row++) {
+		if (!line)
+			return -1;
+		line++;
+		if (strncmp(line, limit_names[row], strlen(limit_names[row])) != 0 || strlen(line) < 26)
+			return -1;
+		p = line + 25;
+		if (limit_value(&p, &lims[row].rlim_cur) < 0 || limit_value(&p, &lims[row].rlim_max) < 0)
+			return -1;
+		line = strchr(p, '\n');
+	}
+	return 0;
+}
+
+/*
+ * limits_from_proc reads resource res of process pid from
+ * /proc/PID/limits into lim: 0, or -1 when it cannot. CRIU asks for a
+ * process's limits one after the other, with the process frozen: the
+ * file is read once per process (the last one read is kept).
+ */
+static int limits_from_proc(long pid, long res, struct rlimit64 *lim)
+{
+	static struct rlimit64 cached[NLIMITS];
+	static long cached_pid;
+
+	if (res < 0 || res >= NLIMITS)
 		return -1;
-	line++;
-	if (strncmp(line, limit_names[res], strlen(limit_names[res])) != 0 || strlen(line) < 26)
-		return -1;
-	p = line + 25;
-	if (limit_value(&p, &lim->rlim_cur) < 0 || limit_value(&p, &lim->rlim_max) < 0)
-		return -1;
+	if (pid != cached_pid || res == 0) {
+		cached_pid = 0;
+		if (read_limits(pid, cached) < 0)
+			return -1;
+		cached_pid = pid;
+	}
+	*lim = cached[res];
 	return 0;
 }
 
