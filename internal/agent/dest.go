@@ -149,6 +149,9 @@ type incoming struct {
 	// gated is the restore started on the writable layer before the
 	// images arrived (FreezeNotice.LayerFirst), waiting at its gate.
 	gated *gatedRestore
+	// liveLayer: what became of a restore started on a live layer
+	// (migration.RestoreReport.LiveLayer).
+	liveLayer string
 	// next is the source's message after the state, read while the
 	// restore runs (nil when nothing reads it yet).
 	next    chan peerMessage
@@ -372,11 +375,95 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 		in.cleanup = append(in.cleanup, func() { in.warm.Close() })
 	}
 	var err error
-	in.frozen, err = in.a.receiveRounds(ctx, in.conn, in.store, in.upper)
-	if err == nil && in.frozen.LayerFirst && !in.canGate() {
-		return fmt.Errorf("the source sends the writable layer first, which this side did not offer for %s", in.p.Strategy)
+	var live func(context.Context) error
+	if in.canGate() {
+		live = in.receiveLiveLayer
+	}
+	in.frozen, err = in.a.receiveRounds(ctx, in.conn, in.store, in.upper, live)
+	switch {
+	case err != nil:
+	case in.frozen.LayerFirst && !in.canGate():
+		err = fmt.Errorf("the source sends the writable layer first, which this side did not offer for %s", in.p.Strategy)
+	case in.frozen.LayerLive != (in.gated != nil) || (in.frozen.LayerLive && !in.frozen.LayerFirst):
+		err = fmt.Errorf("protocol: the freeze says a live layer came (%t), this side received one (%t)", in.frozen.LayerLive, in.gated != nil)
 	}
 	return err
+}
+
+// receiveLiveLayer receives the writable layer and runc's
+// descriptors.json before the freeze (migration.MsgLiveLayer) and starts
+// the restore on them (startGated): it waits at its gate for the images,
+// and meanwhile only the layer's delta is to come (receiveLayerDelta).
+func (in *incoming) receiveLiveLayer(ctx context.Context) error {
+	if in.gated != nil {
+		return errors.New("protocol: a second live layer")
+	}
+	if err := in.receiveLayerAndStart(ctx, in.p.MemoryBytes+maxStateSlack); err != nil {
+		return err
+	}
+	g := in.gated
+	select {
+	case <-g.gate.Ready():
+	case <-g.done:
+		return fmt.Errorf("restore on the live layer ended at its gate: %w", g.err)
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	case <-time.After(gateWait):
+		return fmt.Errorf("restore on the live layer: runc did not reach CRIU within %s", gateWait)
+	}
+	return in.conn.WriteMsg(ctx, migration.MsgLiveReady, struct{}{})
+}
+
+// receiveLayerDelta receives, in the frozen window, what changed in the
+// writable layer since its live copy. When applying it would change
+// nothing (layerUnchanged: the service wrote nothing to its layer since),
+// the restore started on the live copy goes on; when it only changes
+// existing files, they are rewritten in place under the mounted root
+// file system (applyInPlace) and the restore goes on too; otherwise the
+// restore is called off, the root file system unmounted, the delta
+// applied and the restore started again.
+func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
+	var ld LayerDelta
+	if err := expect(ctx, in.conn, msgLayerDelta, &ld); err != nil {
+		return fmt.Errorf("receive writable layer delta: %w", err)
+	}
+	tmp := in.upper + "-delta"
+	_ = os.RemoveAll(tmp)
+	defer os.RemoveAll(tmp)
+	if _, err := in.conn.RecvDir(ctx, tmp, transfer.RecvOptions{MaxBytes: limit}); err != nil {
+		return fmt.Errorf("receive writable layer delta: %w", err)
+	}
+	why, err := layerUnchanged(in.upper, tmp, ld.Keep)
+	if err != nil {
+		return fmt.Errorf("writable layer delta: %w", err)
+	}
+	if why == "" {
+		in.liveLayer = "kept"
+		return nil
+	}
+	a, name := in.a, in.p.Name
+	if ok, err := applyInPlace(in.upper, tmp, ld.Keep); err != nil {
+		return fmt.Errorf("apply writable layer delta: %w", err)
+	} else if ok {
+		in.liveLayer = "rewritten"
+		a.log.Info("the writable layer changed since its live copy: applied in place", "container", name, "change", why, "entries", ld.Changed)
+		return nil
+	}
+	in.liveLayer = "restarted"
+	t := time.Now()
+	in.gated.stop(errors.New("the writable layer changed since its live copy"))
+	a.log.Info("the writable layer changed since its live copy: restore started again on the new one", "container", name, "change", why, "entries", ld.Changed, "stop", time.Since(t))
+	if err := linux.Unmount(a.rootfs(name)); err != nil {
+		return fmt.Errorf("unmount the root file system: %w", err)
+	}
+	if err := applyLayerDelta(in.upper, tmp, ld.Keep); err != nil {
+		return fmt.Errorf("apply writable layer delta: %w", err)
+	}
+	// runc called off may have removed the cgroups it was to run in.
+	if _, err := a.restoreCgroups(name); err != nil {
+		return fmt.Errorf("cgroups: %w", err)
+	}
+	return in.startGated(ctx)
 }
 
 // canGate says whether this side starts the restore before the images
@@ -508,16 +595,11 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 // restore on them (startGated), then receives the images: when the last
 // image is here, runc is at its gate and only CRIU is left to run.
 func (in *incoming) receiveLayerFirst(ctx context.Context, limit int64) error {
-	if _, err := in.conn.RecvDir(ctx, in.upper, transfer.RecvOptions{MaxBytes: limit}); err != nil {
-		return fmt.Errorf("receive writable layer: %w", err)
-	}
-	if err := os.Mkdir(in.imgDir, 0o700); err != nil {
-		return err
-	}
-	if _, err := in.conn.RecvFile(ctx, filepath.Join(in.imgDir, runc.DescriptorsFile), transfer.RecvOptions{MaxBytes: maxDescriptors}); err != nil {
-		return fmt.Errorf("receive runc's descriptors: %w", err)
-	}
-	if err := in.startGated(ctx); err != nil {
+	if in.frozen.LayerLive {
+		if err := in.receiveLayerDelta(ctx, limit); err != nil {
+			return err
+		}
+	} else if err := in.receiveLayerAndStart(ctx, limit); err != nil {
 		return err
 	}
 	images := in.imgDir + "-images"
@@ -531,6 +613,22 @@ func (in *incoming) receiveLayerFirst(ctx context.Context, limit int64) error {
 	}
 	in.stateBytes = rst.PayloadBytes
 	return nil
+}
+
+// receiveLayerAndStart receives the writable layer and runc's
+// descriptors.json and starts the restore on them, held at its gate
+// (startGated).
+func (in *incoming) receiveLayerAndStart(ctx context.Context, limit int64) error {
+	if _, err := in.conn.RecvDir(ctx, in.upper, transfer.RecvOptions{MaxBytes: limit}); err != nil {
+		return fmt.Errorf("receive writable layer: %w", err)
+	}
+	if err := os.Mkdir(in.imgDir, 0o700); err != nil {
+		return err
+	}
+	if _, err := in.conn.RecvFile(ctx, filepath.Join(in.imgDir, runc.DescriptorsFile), transfer.RecvOptions{MaxBytes: maxDescriptors}); err != nil {
+		return fmt.Errorf("receive runc's descriptors: %w", err)
+	}
+	return in.startGated(ctx)
 }
 
 // maxDescriptors bounds runc's descriptors.json (the container's stdio
@@ -775,7 +873,7 @@ func (in *incoming) watchSource(ctx context.Context, stop context.CancelCauseFun
 // and so is normally here already.
 func (in *incoming) awaitCommit(ctx context.Context) error {
 	in.report = migration.RestoreReport{RestoreMs: migration.Ms(time.Since(in.t0)), NetworkMs: in.sw.NetworkMs,
-		RecvMs: in.recvMs, MountMs: in.mountMs}
+		RecvMs: in.recvMs, MountMs: in.mountMs, LiveLayer: in.liveLayer}
 	if in.next == nil {
 		return expectFrom(ctx, in.conn, in.p.From, migration.MsgCommit, nil)
 	}

@@ -1,18 +1,23 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
 
@@ -36,17 +41,48 @@ type layerEntry struct {
 // layerSnapshot maps each entry's path relative to the layer's root
 // ("." excluded) to its state, and says when the walk began.
 type layerSnapshot struct {
-	at      int64 // ns, wall clock
-	entries map[string]layerEntry
+	// at is when the walk began (ns), as the layer's file system stamps
+	// times when it can be read so (clockMark), else by the wall clock;
+	// slack is how close to at an entry's ctime counts as a change.
+	at, slack int64
+	entries   map[string]layerEntry
 }
 
-// ctimeSlack: file systems stamp times from a coarse clock (a jiffy), so
-// a write just after a snapshot may leave the times it saw unchanged. An
-// entry whose ctime was this close to the snapshot counts as changed.
+// ctimeSlack: file systems stamp times from a coarse clock (a jiffy,
+// truncated to their granularity, up to a second), so a write just after
+// a snapshot may leave the times it saw unchanged. An entry whose ctime
+// was this close to the wall clock's time of the snapshot counts as
+// changed.
 const ctimeSlack = int64(time.Second)
 
+// markSlack is the slack against a snapshot's time read from its file
+// system (clockMark): the same clock stamps both, so only a step of the
+// wall clock between them is covered.
+const markSlack = int64(50 * time.Millisecond)
+
+// clockMark writes a file next to root (on its file system) and returns
+// the ctime the file system gave it: a change to root's entries after
+// this gets a ctime at least as late, whatever the clock's granularity.
+func clockMark(root string) (int64, error) {
+	p := filepath.Join(filepath.Dir(root), "."+filepath.Base(root)+"-clock")
+	if err := os.WriteFile(p, nil, 0o600); err != nil {
+		return 0, err
+	}
+	if err := os.Chmod(p, 0o600); err != nil { // a change of the inode: ctime now
+		return 0, err
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(p, &st); err != nil {
+		return 0, err
+	}
+	return st.Ctim.Nano(), nil
+}
+
 func snapshotLayer(root string) (layerSnapshot, error) {
-	snap := layerSnapshot{at: time.Now().UnixNano(), entries: map[string]layerEntry{}}
+	snap := layerSnapshot{at: time.Now().UnixNano(), slack: ctimeSlack, entries: map[string]layerEntry{}}
+	if at, err := clockMark(root); err == nil {
+		snap.at, snap.slack = at, markSlack
+	}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -75,7 +111,7 @@ func snapshotLayer(root string) (layerSnapshot, error) {
 func (s layerSnapshot) changedSince(before layerSnapshot) []string {
 	var out []string
 	for p, e := range s.entries {
-		if b, ok := before.entries[p]; !ok || b != e || b.ctime >= before.at-ctimeSlack {
+		if b, ok := before.entries[p]; !ok || b != e || b.ctime >= before.at-before.slack {
 			out = append(out, p)
 		}
 	}
@@ -238,6 +274,240 @@ func copyXattrs(src, dst string) error {
 		}
 	}
 	return nil
+}
+
+// allXattrs keeps every extended attribute (linux.Lxattrs).
+func allXattrs(string) bool { return true }
+
+// maxUnchangedCompare: a regular file of the delta larger than this
+// counts as changed without being read (layerUnchanged).
+const maxUnchangedCompare = 1 << 20
+
+// layerUnchanged says what applying delta and keep to root
+// (applyLayerDelta) would change in it, "" for nothing: root holds
+// exactly the entries of keep, and every entry of delta is in root
+// already with the same type, mode, owner, mtime, extended attributes
+// and content (a regular file's bytes, a link's target, a device's
+// number). The source sends an entry whose times are close to its
+// snapshot's (ctimeSlack) whether or not it changed; most are the same.
+func layerUnchanged(root, delta string, keep []string) (string, error) {
+	cur, err := snapshotLayer(root)
+	if err != nil {
+		return "", err
+	}
+	have := cur.paths()
+	want := make([]string, 0, len(keep))
+	for _, p := range keep {
+		want = append(want, filepath.Clean(p))
+	}
+	slices.Sort(want)
+	if !slices.Equal(have, want) {
+		return fmt.Sprintf("entries added or removed (%d, was %d)", len(want), len(have)), nil
+	}
+	changed, err := snapshotLayer(delta)
+	if err != nil {
+		return "", err
+	}
+	for _, rel := range changed.paths() {
+		if why, err := sameEntry(filepath.Join(delta, rel), filepath.Join(root, rel)); err != nil || why != "" {
+			return rel + ": " + why, err
+		}
+	}
+	return "", nil
+}
+
+// sameEntry says how the entry at b differs from the one at a ("" when
+// it does not).
+func sameEntry(a, b string) (string, error) {
+	var sa, sb unix.Stat_t
+	if err := unix.Lstat(a, &sa); err != nil {
+		return "", err
+	}
+	if err := unix.Lstat(b, &sb); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return "new", nil
+		}
+		return "", err
+	}
+	switch {
+	case sa.Mode != sb.Mode:
+		return "type or mode", nil
+	case sa.Uid != sb.Uid || sa.Gid != sb.Gid:
+		return "owner", nil
+	case sa.Mode&unix.S_IFMT != unix.S_IFDIR && sa.Mtim != sb.Mtim:
+		return "mtime", nil
+	case sa.Mode&unix.S_IFMT == unix.S_IFREG && sa.Size != sb.Size:
+		return "size", nil
+	case (sa.Mode&unix.S_IFMT == unix.S_IFCHR || sa.Mode&unix.S_IFMT == unix.S_IFBLK) && sa.Rdev != sb.Rdev:
+		return "device", nil
+	}
+	xa, err := linux.Lxattrs(a, allXattrs)
+	if err != nil {
+		return "", err
+	}
+	xb, err := linux.Lxattrs(b, allXattrs)
+	if err != nil {
+		return "", err
+	}
+	if !maps.EqualFunc(xa, xb, bytes.Equal) {
+		return "extended attributes", nil
+	}
+	switch sa.Mode & unix.S_IFMT {
+	case unix.S_IFLNK:
+		ta, err := os.Readlink(a)
+		if err != nil {
+			return "", err
+		}
+		tb, err := os.Readlink(b)
+		if err != nil {
+			return "", err
+		}
+		if ta != tb {
+			return "link target", nil
+		}
+	case unix.S_IFREG:
+		if sa.Size > maxUnchangedCompare {
+			return "large file", nil
+		}
+		ba, err := os.ReadFile(a)
+		if err != nil {
+			return "", err
+		}
+		bb, err := os.ReadFile(b)
+		if err != nil {
+			return "", err
+		}
+		if !bytes.Equal(ba, bb) {
+			return "content", nil
+		}
+	}
+	return "", nil
+}
+
+// applyInPlace applies delta to root, while root is an overlay's upper
+// directory in use, when it can do so without adding, removing or
+// replacing an entry (the overlay caches which entries exist): root holds
+// exactly keep, and every entry of delta is in root, of the same type,
+// neither hard-linked nor an overlay marker changed, differing in a
+// regular file's content or in metadata only. It then rewrites those
+// files' content in place and sets owner, extended attributes, mode and
+// mtime, and returns true; otherwise it touches nothing and returns
+// false.
+func applyInPlace(root, delta string, keep []string) (bool, error) {
+	cur, err := snapshotLayer(root)
+	if err != nil {
+		return false, err
+	}
+	want := make([]string, 0, len(keep))
+	for _, p := range keep {
+		want = append(want, filepath.Clean(p))
+	}
+	slices.Sort(want)
+	if !slices.Equal(cur.paths(), want) {
+		return false, nil
+	}
+	changed, err := snapshotLayer(delta)
+	if err != nil {
+		return false, err
+	}
+	rels := changed.paths()
+	for _, rel := range rels {
+		var sa, sb unix.Stat_t
+		if err := unix.Lstat(filepath.Join(delta, rel), &sa); err != nil {
+			return false, err
+		}
+		if err := unix.Lstat(filepath.Join(root, rel), &sb); err != nil {
+			return false, nil
+		}
+		typ := sa.Mode & unix.S_IFMT
+		if typ != sb.Mode&unix.S_IFMT || (typ != unix.S_IFREG && typ != unix.S_IFDIR) {
+			// A link's target or a device's number is only replaced.
+			if why, err := sameEntry(filepath.Join(delta, rel), filepath.Join(root, rel)); err != nil || why != "" {
+				return false, err
+			}
+			continue
+		}
+		if typ == unix.S_IFREG && (sa.Nlink > 1 || sb.Nlink > 1) {
+			return false, nil
+		}
+		xa, err := linux.Lxattrs(filepath.Join(delta, rel), allXattrs)
+		if err != nil {
+			return false, err
+		}
+		xb, err := linux.Lxattrs(filepath.Join(root, rel), allXattrs)
+		if err != nil {
+			return false, err
+		}
+		for _, x := range []map[string][]byte{xa, xb} {
+			for n := range x {
+				if strings.HasPrefix(n, "trusted.overlay.") && !bytes.Equal(xa[n], xb[n]) {
+					return false, nil
+				}
+			}
+		}
+	}
+	for _, rel := range rels {
+		src, dst := filepath.Join(delta, rel), filepath.Join(root, rel)
+		fi, err := os.Lstat(src)
+		if err != nil {
+			return false, err
+		}
+		if fi.Mode().IsRegular() {
+			if why, err := sameEntry(src, dst); err != nil {
+				return false, err
+			} else if why != "" {
+				if err := rewriteFile(src, dst); err != nil {
+					return false, err
+				}
+			}
+		}
+		if fi.Mode()&fs.ModeSymlink != 0 || fi.IsDir() || fi.Mode().IsRegular() {
+			if err := copyMeta(src, dst, fi); err != nil {
+				return false, err
+			}
+		}
+	}
+	return true, nil
+}
+
+// rewriteFile makes the existing file dst hold src's bytes, in place
+// (the same inode).
+func rewriteFile(src, dst string) error {
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_TRUNC, 0)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
+// copyMeta gives dst src's owner, extended attributes, mode (not a
+// link's) and mtime.
+func copyMeta(src, dst string, fi fs.FileInfo) error {
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return fmt.Errorf("stat %s: no owner", src)
+	}
+	if err := os.Lchown(dst, int(st.Uid), int(st.Gid)); err != nil {
+		return err
+	}
+	if err := copyXattrs(src, dst); err != nil {
+		return err
+	}
+	if fi.Mode()&fs.ModeSymlink == 0 {
+		if err := unix.Chmod(dst, st.Mode&0o7777); err != nil {
+			return err
+		}
+	}
+	return linux.Lutimes(dst, time.Unix(0, st.Atim.Nano()), time.Unix(0, st.Mtim.Nano()))
 }
 
 // applyLayerDelta makes root equal to the source's layer: entries not in

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 	"time"
 
@@ -42,6 +43,28 @@ func connPair(t *testing.T) (*transfer.Conn, *transfer.Conn) {
 	return s, r
 }
 
+// copyLive snapshots src, then copies it to dst over s and r, as the
+// live copy of storage pre-copy does, and returns the snapshot.
+func copyLive(t *testing.T, s, r *transfer.Conn, src, dst string) layerSnapshot {
+	t.Helper()
+	before, err := snapshotLayer(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	errc := make(chan error, 1)
+	go func() {
+		_, err := r.RecvDir(context.Background(), dst, transfer.RecvOptions{})
+		errc <- err
+	}()
+	if _, err := s.SendDir(context.Background(), src, transfer.SendOptions{Name: "live", Overlay: true}); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	return before
+}
+
 func write(t *testing.T, p string, data []byte) {
 	t.Helper()
 	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
@@ -73,21 +96,8 @@ func TestLayerDelta(t *testing.T) {
 	time.Sleep(time.Duration(ctimeSlack) + 100*time.Millisecond)
 
 	s, r := connPair(t)
-	before, err := snapshotLayer(src)
-	if err != nil {
-		t.Fatal(err)
-	}
+	before := copyLive(t, s, r, src, dst)
 	errc := make(chan error, 1)
-	go func() {
-		_, err := r.RecvDir(ctx, dst, transfer.RecvOptions{})
-		errc <- err
-	}()
-	if _, err := s.SendDir(ctx, src, transfer.SendOptions{Name: "live", Overlay: true}); err != nil {
-		t.Fatal(err)
-	}
-	if err := <-errc; err != nil {
-		t.Fatal(err)
-	}
 
 	// Changes after the live copy: same-size rewrite, chmod via a hard
 	// link, deletion of a file and of a whole tree, a new file in a new
@@ -169,5 +179,172 @@ func sameTree(t *testing.T, a, b string) {
 	var s1, s2 unix.Stat_t
 	if unix.Stat(filepath.Join(b, "h"), &s1) != nil || unix.Stat(filepath.Join(b, "a/f1"), &s2) != nil || s1.Ino != s2.Ino {
 		t.Errorf("hard link h = a/f1 not kept")
+	}
+}
+
+// TestLayerUnchanged: a live copy and a delta taken right after (within
+// the ctime slack, so every entry is sent again) change nothing; each
+// kind of change made to the layer meanwhile is seen.
+func TestLayerUnchanged(t *testing.T) {
+	ctx := context.Background()
+	build := func(t *testing.T) string {
+		src := filepath.Join(t.TempDir(), "upper")
+		write(t, filepath.Join(src, "etc/conf"), []byte("a=1\n"))
+		write(t, filepath.Join(src, "data/log"), []byte("line\n"))
+		if err := os.Symlink("conf", filepath.Join(src, "etc/link")); err != nil {
+			t.Fatal(err)
+		}
+		if err := unix.Mknod(filepath.Join(src, "gone"), unix.S_IFCHR, 0); err != nil { // an overlay whiteout
+			t.Fatal(err)
+		}
+		return src
+	}
+	// verdict copies src live, applies change, and says what the delta
+	// would change at the receiver.
+	verdict := func(t *testing.T, change func(src string)) string {
+		src := build(t)
+		dst := filepath.Join(t.TempDir(), "upper")
+		s, r := connPair(t)
+		before := copyLive(t, s, r, src, dst)
+		errc := make(chan error, 1)
+		change(src)
+		var why string
+		go func() {
+			var ld LayerDelta
+			if err := expect(ctx, r, msgLayerDelta, &ld); err != nil {
+				errc <- err
+				return
+			}
+			tmp := filepath.Join(t.TempDir(), "delta")
+			if _, err := r.RecvDir(ctx, tmp, transfer.RecvOptions{}); err != nil {
+				errc <- err
+				return
+			}
+			var err error
+			why, err = layerUnchanged(dst, tmp, ld.Keep)
+			errc <- err
+		}()
+		_, n, err := sendLayerDelta(ctx, s, src, before, transfer.SendOptions{Overlay: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("%d entries sent again: %q", n, why)
+		if n == 0 {
+			t.Fatal("nothing sent again: the test does not exercise the comparison")
+		}
+		return why
+	}
+	t.Run("nothing", func(t *testing.T) {
+		if why := verdict(t, func(string) {}); why != "" {
+			t.Fatalf("an unchanged layer: %q", why)
+		}
+	})
+	for name, change := range map[string]func(src string){
+		"rewritten": func(src string) { write(t, filepath.Join(src, "etc/conf"), []byte("a=2\n")) },
+		"touched": func(src string) {
+			future := time.Now().Add(time.Hour)
+			if err := os.Chtimes(filepath.Join(src, "data/log"), future, future); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"chmod": func(src string) {
+			if err := os.Chmod(filepath.Join(src, "etc/conf"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"added": func(src string) { write(t, filepath.Join(src, "data/new"), nil) },
+		"removed": func(src string) {
+			if err := os.Remove(filepath.Join(src, "data/log")); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"relinked": func(src string) {
+			p := filepath.Join(src, "etc/link")
+			if err := os.Remove(p); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Symlink("other", p); err != nil {
+				t.Fatal(err)
+			}
+		},
+		"xattr": func(src string) {
+			if err := unix.Lsetxattr(filepath.Join(src, "etc/conf"), "user.edgehop", []byte("x"), 0); err != nil {
+				t.Skipf("skipped: user xattrs here: %v", err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if why := verdict(t, change); why == "" {
+				t.Fatalf("%s: the delta changes nothing, it says", name)
+			}
+		})
+	}
+}
+
+// TestApplyInPlace: a delta that only rewrites existing files and
+// changes metadata is applied to the same inodes; one that adds, removes
+// or replaces an entry is refused with nothing touched.
+func TestApplyInPlace(t *testing.T) {
+	root, delta := filepath.Join(t.TempDir(), "upper"), filepath.Join(t.TempDir(), "delta")
+	write(t, filepath.Join(root, "a/f"), []byte("old"))
+	write(t, filepath.Join(root, "a/g"), []byte("same"))
+	if err := os.Symlink("f", filepath.Join(root, "a/l")); err != nil {
+		t.Fatal(err)
+	}
+	var before unix.Stat_t
+	if err := unix.Stat(filepath.Join(root, "a/f"), &before); err != nil {
+		t.Fatal(err)
+	}
+	write(t, filepath.Join(delta, "a/f"), []byte("new content"))
+	if err := os.Chmod(filepath.Join(delta, "a/f"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	mt := time.Unix(1_700_000_000, 0)
+	if err := os.Chtimes(filepath.Join(delta, "a/f"), mt, mt); err != nil {
+		t.Fatal(err)
+	}
+	keep := []string{"a", "a/f", "a/g", "a/l"}
+	ok, err := applyInPlace(root, delta, keep)
+	if err != nil || !ok {
+		t.Fatalf("applyInPlace = %v, %v; want applied", ok, err)
+	}
+	var after unix.Stat_t
+	if err := unix.Stat(filepath.Join(root, "a/f"), &after); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(root, "a/f"))
+	if after.Ino != before.Ino || string(b) != "new content" || after.Mode&0o777 != 0o600 || after.Mtim.Sec != mt.Unix() {
+		t.Fatalf("a/f: inode %d (was %d), %q, mode %o, mtime %d", after.Ino, before.Ino, b, after.Mode&0o777, after.Mtim.Sec)
+	}
+	if why, err := layerUnchanged(root, delta, keep); err != nil || why != "" {
+		t.Fatalf("after applying: %q %v", why, err)
+	}
+	for name, c := range map[string]struct {
+		keep  []string
+		setup func(delta string)
+	}{
+		"added":   {append(slices.Clone(keep), "a/new"), func(d string) { write(t, filepath.Join(d, "a/new"), nil) }},
+		"removed": {[]string{"a", "a/f", "a/l"}, func(string) {}},
+		"relinked": {keep, func(d string) {
+			if err := os.Symlink("g", filepath.Join(d, "a/l")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			d := filepath.Join(t.TempDir(), "delta")
+			write(t, filepath.Join(d, "a/f"), []byte("other"))
+			c.setup(d)
+			ok, err := applyInPlace(root, d, c.keep)
+			if err != nil || ok {
+				t.Fatalf("applyInPlace = %v, %v; want refused", ok, err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(root, "a/f")); string(b) != "new content" {
+				t.Fatalf("refused, yet a/f holds %q", b)
+			}
+		})
 	}
 }

@@ -95,10 +95,11 @@ func (a *Agent) memoryRounds(ctx context.Context, conn *transfer.Conn, name stri
 
 // receiveRounds is the destination side of the live rounds: it stores
 // each round until the source announces the freeze. store is nil when the
-// strategy has no live rounds. An abort from the source (it gave up
+// strategy has no live rounds. live, when set, receives a live writable
+// layer (migration.MsgLiveLayer). An abort from the source (it gave up
 // before freezing: the service still runs there) ends it with an error
 // and nothing to roll back.
-func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string) (migration.FreezeNotice, error) {
+func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string, live func(context.Context) error) (migration.FreezeNotice, error) {
 	var fz migration.FreezeNotice
 	for {
 		typ, body, err := conn.ReadMsg(ctx)
@@ -110,6 +111,10 @@ func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *p
 			return fz, m.as(migration.MsgFrozen, &fz)
 		case typ == migration.MsgAbort:
 			return fz, fmt.Errorf("source gave up before freezing: %w", m.as(migration.MsgFrozen, nil))
+		case typ == migration.MsgLiveLayer && live != nil:
+			if err := live(ctx); err != nil {
+				return fz, err
+			}
 		case typ == migration.MsgLayer && store != nil:
 			if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
 				return fz, fmt.Errorf("pre-copy of the writable layer: %w", err)

@@ -183,9 +183,13 @@ type outgoing struct {
 	// layerFirst: the writable layer and descriptors.json are sent while
 	// CRIU dumps (early), the images after (FreezeNotice.LayerFirst).
 	layerFirst bool
-	early      *earlySend
-	peerMsg    chan peerMessage
-	cleanup    []func()
+	// liveLayer: the writable layer and descriptors.json crossed before
+	// the freeze (sendLiveLayer), the layer's delta crosses while CRIU
+	// dumps; layer is the snapshot the delta is taken against.
+	liveLayer bool
+	early     *earlySend
+	peerMsg   chan peerMessage
+	cleanup   []func()
 }
 
 // finalSend is pre-copy's final delta on its way while CRIU dumps
@@ -217,9 +221,46 @@ type earlySend struct {
 	err               error
 }
 
+// sendLiveLayer sends, while the service still runs, its writable layer
+// and runc's descriptors.json (written before CRIU's gate): the
+// destination starts its restore on them at once, held at its gate, and
+// says when it waits there; in the frozen window only the layer's delta
+// crosses (startEarly). The snapshot the delta is taken against comes
+// before the copy, so nothing written meanwhile escapes it.
+func (o *outgoing) sendLiveLayer(ctx context.Context) error {
+	upper := filepath.Join(o.a.dir(o.rec.Container), "upper")
+	snap, err := snapshotLayer(upper)
+	if err != nil {
+		return fmt.Errorf("writable layer: %w", err)
+	}
+	if err := o.conn.WriteMsg(ctx, migration.MsgLiveLayer, struct{}{}); err != nil {
+		return err
+	}
+	opts := o.send
+	opts.Name, opts.Overlay = "upper", true
+	st, err := o.conn.SendDir(ctx, upper, opts)
+	if err != nil {
+		return fmt.Errorf("send writable layer: %w", err)
+	}
+	o.addSent(st)
+	opts.Name, opts.Overlay = "descriptors", false
+	if st, err = o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts); err != nil {
+		return fmt.Errorf("send runc's descriptors: %w", err)
+	}
+	o.addSent(st)
+	o.layer, o.liveLayer = snap, true
+	wctx, cancel := context.WithTimeout(ctx, gateWait)
+	defer cancel()
+	if err := expectFrom(wctx, o.conn, o.req.To, migration.MsgLiveReady, nil); err != nil {
+		return fmt.Errorf("restore on the live layer at %s: %w", o.req.To, err)
+	}
+	return nil
+}
+
 // startEarly sends the writable layer, then descriptors.json, which runc
-// wrote before CRIU's gate (runc.Checkpoint), on a goroutine; sendState
-// waits for it before the images.
+// wrote before CRIU's gate (runc.Checkpoint), on a goroutine (after a
+// live layer: the layer's delta alone); sendState waits for it before
+// the images.
 func (o *outgoing) startEarly() {
 	e := &earlySend{done: make(chan struct{})}
 	o.early = e
@@ -231,8 +272,15 @@ func (o *outgoing) startEarly() {
 		defer close(e.done)
 		opts := o.send
 		opts.Name, opts.Overlay = "upper", true
+		upper := filepath.Join(o.a.dir(o.rec.Container), "upper")
 		var err error
-		if e.layer, err = o.conn.SendDir(ctx, filepath.Join(o.a.dir(o.rec.Container), "upper"), opts); err != nil {
+		if o.liveLayer {
+			if e.layer, _, err = sendLayerDelta(ctx, o.conn, upper, o.layer, opts); err != nil {
+				e.err = fmt.Errorf("send writable layer delta: %w", err)
+			}
+			return
+		}
+		if e.layer, err = o.conn.SendDir(ctx, upper, opts); err != nil {
 			e.err = fmt.Errorf("send writable layer: %w", err)
 			return
 		}
@@ -350,6 +398,12 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 		// at the gate that the freeze opens.
 		if err := o.startDump(ctx); err != nil {
 			return o.event(ctx, migration.EvFrozen, err)
+		}
+		if o.layerFirst {
+			// The destination's restore starts on the live layer now.
+			if err := o.sendLiveLayer(ctx); err != nil {
+				return o.event(ctx, migration.EvFrozen, err)
+			}
 		}
 		if o.unit != nil {
 			// The unit's members freeze together.
@@ -567,7 +621,8 @@ func (o *outgoing) freeze() error {
 	// The destination takes the service's traffic now and holds it.
 	handover := time.Now()
 	a.setHandedOver(o.c, true)
-	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting, PodNetwork: pod && network, LayerFirst: o.layerFirst}); err != nil {
+	if err := o.conn.WriteMsg(fctx, migration.MsgFrozen, migration.FreezeNotice{Accepting: accepting, PodNetwork: pod && network, LayerFirst: o.layerFirst,
+		LayerLive: o.liveLayer}); err != nil {
 		return fmt.Errorf("notify %s: %w", o.req.To, err)
 	}
 	if pod && network && o.unit != nil {

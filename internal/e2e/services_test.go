@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1067,27 +1068,35 @@ func TestMixedUsersMigrate(t *testing.T) {
 	}
 }
 
-// TestWritableLayerPrecopy: a shell service appends a numbered line to a
-// file every few milliseconds, keeps a rolling set of small files, and
-// every 100 lines checks the file's line count and the set against its own
-// counter. It is migrated with pre-copy (its writable layer goes live,
-// then only the changes while frozen) there and back; afterwards it must
-// keep reporting "ok", never "BAD".
-func TestWritableLayerPrecopy(t *testing.T) {
+// TestWritableLayerMigrates: a shell service appends a numbered line to
+// a file every few milliseconds, keeps a rolling set of small files, and
+// every 100 lines checks the file's line count and the set against its
+// own counter; another rewrites one file with its counter and checks,
+// before each write, that the file holds what it last wrote. Both are
+// migrated with pre-copy (the writable layer goes live, then only the
+// changes while frozen) there and back, then with stop-and-copy there and
+// back (the layer goes live too, and the destination's restore starts on
+// it: the first service's files come and go, so its restore starts again
+// on the delta; the second's one file is rewritten in place). Afterwards
+// both must keep reporting "ok", never "BAD".
+func TestWritableLayerMigrates(t *testing.T) {
 	e := newEnv(t)
 	servicesTestbed(e)
 	const script = `i=0; mkdir -p /w; while :; do i=$((i+1)); echo $i >> /w/log; echo $i > /w/f$i; rm -f /w/f$((i-20));
 if [ $((i % 100)) = 0 ]; then n=$(wc -l < /w/log); m=$(ls /w | grep -c '^f'); if [ "$n" = "$i" ] && [ "$m" = 20 ]; then echo "ok $i"; else echo "BAD $i lines=$n files=$m"; fi; fi; sleep 0.005; done`
+	const rewrite = `i=0; echo 0 > /c; while :; do j=$(cat /c); if [ "$j" != "$i" ]; then echo "BAD $i file=$j"; fi; i=$((i+1)); echo $i > /c;
+if [ $((i % 100)) = 0 ]; then echo "ok $i"; fi; sleep 0.005; done`
 	e.runService("w", "sh", "-c", script)
-	waitLog := func(what string, after int) int {
+	e.runService("c", "sh", "-c", rewrite)
+	waitLog := func(name, what string, after int) int {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
 		for time.Now().Before(deadline) {
-			out, _, _ := e.run("logs", "w")
+			out, _, _ := e.run("logs", name)
 			last := 0
 			for _, l := range strings.Split(out, "\n") {
 				if strings.HasPrefix(l, "BAD") {
-					t.Fatalf("%s: the service found its files wrong: %s", what, l)
+					t.Fatalf("%s: %s found its files wrong: %s", what, name, l)
 				}
 				if v, ok := strings.CutPrefix(l, "ok "); ok {
 					last, _ = strconv.Atoi(v)
@@ -1098,27 +1107,40 @@ if [ $((i % 100)) = 0 ]; then n=$(wc -l < /w/log); m=$(ls /w | grep -c '^f'); if
 			}
 			time.Sleep(200 * time.Millisecond)
 		}
-		t.Fatalf("%s: no new ok line after %d", what, after)
+		t.Fatalf("%s: no new ok line from %s after %d", what, name, after)
 		return 0
 	}
-	seen := waitLog("before migrating", 200)
-	for i, to := range []string{"node1", "node0"} {
-		var res struct {
-			serviceMig
-			Precopy struct {
-				LayerBytes   int64 `json:"layer_bytes"`
-				LayerChanged int   `json:"layer_changed"`
-			} `json:"precopy"`
+	seen := map[string]int{"w": waitLog("w", "before migrating", 200), "c": waitLog("c", "before migrating", 200)}
+	live := map[string][]string{}
+	for i, m := range []struct{ strategy, to string }{{"pre-copy", "node1"}, {"pre-copy", "node0"}, {"stop-and-copy", "node1"}, {"stop-and-copy", "node0"}} {
+		for _, name := range []string{"w", "c"} {
+			var res struct {
+				serviceMig
+				Precopy struct {
+					LayerBytes   int64 `json:"layer_bytes"`
+					LayerChanged int   `json:"layer_changed"`
+				} `json:"precopy"`
+				Destination struct {
+					LiveLayer string `json:"live_layer"`
+				} `json:"destination"`
+			}
+			e.mustJSON(&res, "migrate", name, "--to", m.to, "--strategy", m.strategy, "--json")
+			if !res.OK {
+				t.Fatalf("migration %d of %s: %+v", i, name, res)
+			}
+			if m.strategy == "pre-copy" && (res.Precopy.LayerBytes <= 0 || res.Precopy.LayerChanged <= 0) {
+				t.Errorf("migration %d of %s: layer sent live %d B, %d entries again: the live copy or the delta did not happen", i, name, res.Precopy.LayerBytes, res.Precopy.LayerChanged)
+			}
+			t.Logf("migration %d of %s -> %s (%s): downtime %.1f ms, live layer %q", i, name, m.to, m.strategy, res.DowntimeMs, res.Destination.LiveLayer)
+			if m.strategy == "stop-and-copy" {
+				live[name] = append(live[name], res.Destination.LiveLayer)
+			}
+			// The log restarts on the new node; the counter goes on.
+			seen[name] = waitLog(name, fmt.Sprintf("after migration %d", i), seen[name])
 		}
-		e.mustJSON(&res, "migrate", "w", "--to", to, "--strategy", "pre-copy", "--json")
-		if !res.OK {
-			t.Fatalf("migration %d: %+v", i, res)
-		}
-		if res.Precopy.LayerBytes <= 0 || res.Precopy.LayerChanged <= 0 {
-			t.Errorf("migration %d: layer sent live %d B, %d entries again: the live copy or the delta did not happen", i, res.Precopy.LayerBytes, res.Precopy.LayerChanged)
-		}
-		t.Logf("migration %d -> %s: downtime %.1f ms, layer %d B live, %d entries in the frozen delta", i, to, res.DowntimeMs, res.Precopy.LayerBytes, res.Precopy.LayerChanged)
-		// The log restarts on the new node; the counter goes on.
-		seen = waitLog(fmt.Sprintf("after migration %d", i), seen)
+	}
+	// Files come and go in w's layer; c's one file changes in place.
+	if !slices.Contains(live["w"], "restarted") || !slices.Contains(live["c"], "rewritten") {
+		t.Errorf("stop-and-copy's restores on the live layer: w %v (want one restarted), c %v (want one rewritten)", live["w"], live["c"])
 	}
 }

@@ -272,11 +272,19 @@ const (
 	MsgPrepare  = "prepare"  // S→D Prepare
 	MsgPrepared = "prepared" // D→S {}
 	MsgLayer    = "layer"    // S→D {}: pre-copy: the writable layer follows, service running
-	MsgRound    = "round"    // S→D RoundStart: pre-copy: a live round's stream follows
-	MsgStored   = "stored"   // D→S RoundStart: the round is in the destination's store
-	MsgFrozen   = "frozen"   // S→D FreezeNotice: the source freezes now; D takes the traffic and holds it
-	MsgCommit   = "commit"   // S→D {}, right behind the state: S journaled the commit; D serves once restored
-	MsgSwitched = "switched" // D→S Switched: D committed and delivered the held packets
+	// MsgLiveLayer (S→D {}): stop-and-copy to a gated restore: the
+	// writable layer, then runc's descriptors.json, follow, the service
+	// running; in the frozen window only the layer's delta comes.
+	MsgLiveLayer = "live-layer"
+	// MsgLiveReady (D→S {}): the restore started on the live layer waits
+	// at its gate; the source freezes only then, so that runc's start
+	// does not share the CPU with the dump.
+	MsgLiveReady = "live-ready"
+	MsgRound     = "round"    // S→D RoundStart: pre-copy: a live round's stream follows
+	MsgStored    = "stored"   // D→S RoundStart: the round is in the destination's store
+	MsgFrozen    = "frozen"   // S→D FreezeNotice: the source freezes now; D takes the traffic and holds it
+	MsgCommit    = "commit"   // S→D {}, right behind the state: S journaled the commit; D serves once restored
+	MsgSwitched  = "switched" // D→S Switched: D committed and delivered the held packets
 	// MsgAbort goes either way: the sender gives up. From D after the
 	// commit it hands the service back: D's copy is gone, S resumes it.
 	MsgAbort = "abort"
@@ -328,11 +336,14 @@ type ReadyNotice struct {
 // destination takes the pod's traffic (the others' do not). LayerFirst:
 // the writable layer and runc's descriptors.json come first, sent while
 // CRIU dumps, and the images after them (the destination said
-// GatedRestore).
+// GatedRestore). LayerLive: the layer and descriptors.json came before
+// the freeze (MsgLiveLayer); with LayerFirst, only the layer's delta
+// comes, then the images.
 type FreezeNotice struct {
 	Accepting  bool `json:"accepting,omitempty"`
 	PodNetwork bool `json:"pod_network,omitempty"`
 	LayerFirst bool `json:"layer_first,omitempty"`
+	LayerLive  bool `json:"layer_live,omitempty"`
 }
 
 // Process is what a service's image says of its process beyond its
@@ -404,7 +415,7 @@ func ValidVolume(v string) error {
 // MaxVolumes bounds the volumes of one container.
 const MaxVolumes = 32
 
-// RestoreReport is the destination's account of's restore.
+// RestoreReport is the destination's account of its restore.
 type RestoreReport struct {
 	RestoreMs float64            `json:"restore_ms"`        // runc restore, CRIU's included
 	NetworkMs float64            `json:"network_ms"`        // the switch, done while the source dumped
@@ -412,6 +423,12 @@ type RestoreReport struct {
 	RecvMs    float64            `json:"recv_ms"`           // receiving images and layer
 	MountMs   float64            `json:"mount_ms"`          // the root filesystem's overlay
 	CRIU      map[string]float64 `json:"criu,omitempty"`
+	// LiveLayer says what became of the restore started on a live layer
+	// (FreezeNotice.LayerLive): the layer's delta changed nothing
+	// ("kept"), changed files only and was written in place
+	// ("rewritten"), or added, removed or replaced entries, so the
+	// restore started again on the new layer ("restarted").
+	LiveLayer string `json:"live_layer,omitempty"`
 }
 
 // Switched reports the destination's network switch.

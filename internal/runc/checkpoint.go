@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/criuimg"
@@ -476,6 +477,7 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		return nil
 	}
 	inv := invocation{op: "restore", id: id, criu: true, criuLog: logPath, group: true}
+	var runcPID atomic.Int64 // a gated restore's runc, once started
 	if o.Gate == nil {
 		if err := restart(); err != nil {
 			return 0, err
@@ -489,6 +491,13 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		defer closeGate()
 		if shim {
 			deferToGate(&inv, o.Gate, o.Cgroups)
+			onStart := inv.started
+			inv.started = func(pid int) {
+				if onStart != nil {
+					onStart(pid)
+				}
+				runcPID.Store(int64(pid))
+			}
 		} else if err := restart(); err != nil {
 			// No shim: the gate opened before runc started.
 			return 0, err
@@ -528,6 +537,12 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 			case <-o.Gate.open:
 				grace = 0
 			default:
+				// runc, in the container's cgroups, would remove them
+				// in vain until it gave up (~150 ms): it leaves them
+				// first.
+				if pid := runcPID.Load(); pid > 0 {
+					leaveCgroups(int(pid), o.Cgroups)
+				}
 			}
 			time.AfterFunc(grace, func() { ecancel(context.Cause(ctx)) })
 		})

@@ -566,6 +566,21 @@ func startIn(cmd *exec.Cmd, dirs []CgroupDir) error {
 	return <-errc
 }
 
+// leaveCgroups moves process pid, which startIn started in the cgroups
+// dirs, to this process's own cgroups of those hierarchies.
+func leaveCgroups(pid int, dirs []CgroupDir) {
+	self, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		return
+	}
+	own := ownCgroups(string(self))
+	for _, d := range dirs {
+		if path, ok := own[d.Hierarchy]; ok {
+			_ = os.WriteFile(filepath.Join(d.Point, path, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0)
+		}
+	}
+}
+
 // ownCgroups reads /proc/PID/cgroup's lines ("id:controllers:path") into
 // each cgroup v1 hierarchy's path, keyed as CgroupDir.Hierarchy
 // ("cpu,cpuacct", "systemd" for "name=systemd"); the cgroup v2 line,
