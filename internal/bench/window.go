@@ -37,16 +37,16 @@ func frozenWindow(runs []Migration) []WindowPart {
 	p50 := func(v []float64) float64 { return Summarize(v).P50 }
 	parts := []WindowPart{
 		{"dump: CRIU", p50(criuDump), "CRIU's own frozen time (its stats-dump): seizing the tasks, their memory, files, sockets in TCP repair; no tmpfs is tarred (the cgroup tmpfs is external, /dev and /dev/shm are layer directories)"},
-		{"dump: the rest", p50(dumpRest), "the freeze (cgroup freezer), the network switch's word for a service that accepts connections, the node-side veth down, the gate's opening, CRIU's reading of its request and its work before it freezes (options, kernel feature cache, CPU features, each CPUID a VM exit here) and after the frozen time, and the agent seeing its last image; runc and CRIU start before the freeze (the migration's prepare phase) and runc finishes while the images travel (on one host, a stop-and-copy destination's runc starts meanwhile, niced)"},
-		{"transfer", p50(transfer), "the source sending the images on the migration connection (zstd when it pays), until its socket took the last byte; stop-and-copy's writable layer crossed while CRIU dumped, the other strategies send it here"},
+		{"dump: the rest", p50(dumpRest), "the freeze (cgroup freezer), the network switch's word for a service that accepts connections, the node-side veth down, the gate's opening, CRIU's reading of its request and its work before it freezes (options, kernel feature cache, CPU features, each CPUID a VM exit here) and after the frozen time, and the agent seeing its last image; runc and CRIU start before the freeze (the migration's prepare phase) and runc finishes while the images travel (a stop-and-copy destination's runc waits at its gate from before the freeze)"},
+		{"transfer", p50(transfer), "the source sending the images on the migration connection (zstd when it pays), until its socket took the last byte; stop-and-copy's writable layer crossed before the freeze and its delta while CRIU dumped, the other strategies send it here"},
 		{"restore: CRIU", p50(criuRestore), "CRIU's own restore time (its stats-restore): namespaces, mounts, memory, files, TCP repair"},
 	}
 	if len(runcRestore) == len(criuRestore) {
 		parts = append(parts,
-			WindowPart{"restore: runc", p50(runcRestore), "the destination's `runc restore` outside CRIU, from the last image on: stop-and-copy's gate opening (the images moved into place, interrupted waits rewritten), CRIU's work before its restore time starts, runc's state after CRIU and its exit (its start, CRIU's exec with the gate library, and mounting the root file system, happened while CRIU dumped); the other strategies' runc starts here"},
+			WindowPart{"restore: runc", p50(runcRestore), "the destination's `runc restore` outside CRIU, from the last image on: stop-and-copy's gate opening (the images moved into place, interrupted waits rewritten), CRIU's work before its restore time starts, runc's state after CRIU and its exit (its start, CRIU's exec with the gate library, and mounting the root file system, happened before the freeze, on the live layer); the other strategies' runc starts here"},
 			WindowPart{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link and the destination's report coming back (the other strategies: also mounting the root file system, the report's mount_ms)"})
 	} else {
-		parts = append(parts, WindowPart{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link, mounting the root file system (stop-and-copy: done while CRIU dumped), `runc restore` outside CRIU, and the destination's report coming back"})
+		parts = append(parts, WindowPart{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link, mounting the root file system (stop-and-copy: done before the freeze), `runc restore` outside CRIU, and the destination's report coming back"})
 	}
 	return append(parts, WindowPart{"network", p50(network), "held packets released and the switch completed (mostly done during the dump)"})
 }

@@ -6,12 +6,14 @@ import (
 	"hash/crc32"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/testbed"
 )
 
 type member struct {
@@ -100,6 +102,18 @@ func TestTestbedLifecycle(t *testing.T) {
 		}
 	}
 
+	// Nodes' default routes start migrations with a large window, the
+	// clients' with the kernel's.
+	for _, m := range append(st.Nodes, st.Clients[0]) {
+		out, err := exec.Command("ip", "-n", m.NetNS, "route", "show", "default").CombinedOutput()
+		if err != nil {
+			t.Fatalf("routes of %s: %v %s", m.Name, err, out)
+		}
+		want := strings.HasPrefix(m.Name, "node")
+		if got := strings.Contains(string(out), fmt.Sprintf("initcwnd %d initrwnd %d", testbed.NodeInitWindow, testbed.NodeInitWindow)); got != want {
+			t.Errorf("default route of %s: %q; want initial windows set: %t", m.Name, strings.TrimSpace(string(out)), want)
+		}
+	}
 	client := st.Clients[0].NetNS
 	var ctrs []ctr
 	for i, n := range st.Nodes {

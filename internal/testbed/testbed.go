@@ -245,7 +245,7 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 		if err := linux.NewNetNS(m.NetNSPath); err != nil {
 			return nil, err
 		}
-		if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, NodeCoreAddr(i), NodeAddr(i)); err != nil {
+		if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, NodeCoreAddr(i), NodeAddr(i), NodeInitWindow); err != nil {
 			return nil, fmt.Errorf("link %s: %w", e.Name, err)
 		}
 		st.Nodes = append(st.Nodes, m)
@@ -261,7 +261,7 @@ func Up(ctx context.Context, spec Spec, o Options) (st *State, err error) {
 		}
 		st.Clients = append(st.Clients, m)
 		if len(st.APs) == 0 {
-			if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, ClientCoreAddr(i), ClientAddr(i)); err != nil {
+			if err := wireLink(st.Core.NetNSPath, m.NetNSPath, e.Name, ClientCoreAddr(i), ClientAddr(i), 0); err != nil {
 				return nil, fmt.Errorf("link %s: %w", e.Name, err)
 			}
 			continue
