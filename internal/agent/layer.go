@@ -288,8 +288,9 @@ const maxUnchangedCompare = 1 << 20
 // exactly the entries of keep, and every entry of delta is in root
 // already with the same type, mode, owner, mtime, extended attributes
 // and content (a regular file's bytes, a link's target, a device's
-// number). The source sends an entry whose times are close to its
-// snapshot's (ctimeSlack) whether or not it changed; most are the same.
+// number). The source sends an entry whose ctime is close to its
+// snapshot's (layerSnapshot.slack) whether or not it changed; most are
+// the same.
 func layerUnchanged(root, delta string, keep []string) (string, error) {
 	cur, err := snapshotLayer(root)
 	if err != nil {

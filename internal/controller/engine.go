@@ -599,7 +599,7 @@ func (e *Engine) Restore(users []UserState, services []ServiceState) {
 	}
 	for _, s := range services {
 		sc := s
-		sc.Migrating, sc.Split = "", nil // the agents' heartbeats tell where it runs
+		sc.Migrating, sc.Split, sc.SplitSince = "", nil, time.Time{} // the agents' heartbeats tell where it runs
 		sc.unplaced = true
 		if _, dup := e.services[s.Name]; !dup {
 			e.byUser[s.User] = append(e.byUser[s.User], s.Name)
