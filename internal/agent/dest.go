@@ -375,31 +375,47 @@ func (in *incoming) awaitFreeze(ctx context.Context) error {
 		in.cleanup = append(in.cleanup, func() { in.warm.Close() })
 	}
 	var err error
-	var live func(context.Context) error
+	var live func(context.Context, migration.LiveLayer) error
 	if in.canGate() {
 		live = in.receiveLiveLayer
 	}
 	in.frozen, err = in.a.receiveRounds(ctx, in.conn, in.store, in.upper, live)
 	switch {
 	case err != nil:
-	case in.frozen.LayerFirst && !in.canGate():
+	case in.frozen.LayerFirst && (!in.canGate() || in.store != nil || !in.frozen.LayerLive):
 		err = fmt.Errorf("the source sends the writable layer first, which this side did not offer for %s", in.p.Strategy)
-	case in.frozen.LayerLive != (in.gated != nil) || (in.frozen.LayerLive && !in.frozen.LayerFirst):
+	case in.frozen.LayerLive != (in.gated != nil):
 		err = fmt.Errorf("protocol: the freeze says a live layer came (%t), this side received one (%t)", in.frozen.LayerLive, in.gated != nil)
 	}
 	return err
 }
 
-// receiveLiveLayer receives the writable layer and runc's
-// descriptors.json before the freeze (migration.MsgLiveLayer) and starts
-// the restore on them (startGated): it waits at its gate for the images,
-// and meanwhile only the layer's delta is to come (receiveLayerDelta).
-func (in *incoming) receiveLiveLayer(ctx context.Context) error {
+// receiveLiveLayer receives, before the freeze (migration.MsgLiveLayer),
+// the writable layer (pre-copy's came in the rounds) and runc's
+// descriptors.json, and starts the restore on them (startGated): it
+// waits at its gate for the images, and meanwhile only the layer's delta
+// is to come (receiveLayerDelta).
+func (in *incoming) receiveLiveLayer(ctx context.Context, ll migration.LiveLayer) error {
 	if in.gated != nil {
 		return errors.New("protocol: a second live layer")
 	}
-	if err := in.receiveLayerAndStart(ctx, in.p.MemoryBytes+maxStateSlack); err != nil {
+	if ll.Layer == (in.store != nil) {
+		return fmt.Errorf("protocol: a live layer with the layer %t for %s", ll.Layer, in.p.Strategy)
+	}
+	var err error
+	if ll.Layer {
+		err = in.receiveLayerAndStart(ctx, in.p.MemoryBytes+maxStateSlack)
+	} else {
+		err = in.receiveDescriptorsAndStart(ctx)
+	}
+	if err != nil {
 		return err
+	}
+	// Should the live layer change, the overlay is unmounted in the
+	// frozen window, which syncs its upper file system: what is dirty
+	// there now (an image unpacked for this migration) is written first.
+	if err := syncFS(in.upper); err != nil {
+		in.a.log.Warn("sync the writable layer's file system", "container", in.p.Name, "err", err)
 	}
 	g := in.gated
 	select {
@@ -452,10 +468,13 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 	in.liveLayer = "restarted"
 	t := time.Now()
 	in.gated.stop(errors.New("the writable layer changed since its live copy"))
-	a.log.Info("the writable layer changed since its live copy: restore started again on the new one", "container", name, "change", why, "entries", ld.Changed, "stop", time.Since(t))
+	// Unmounting an overlay syncs its upper file system: dirty data
+	// there (the image just unpacked, other services' writes) was
+	// flushed before the freeze (receiveLiveLayer).
 	if err := linux.Unmount(a.rootfs(name)); err != nil {
 		return fmt.Errorf("unmount the root file system: %w", err)
 	}
+	a.log.Info("the writable layer changed since its live copy: restore started again on the new one", "container", name, "change", why, "entries", ld.Changed, "stop_unmount", time.Since(t))
 	if err := applyLayerDelta(in.upper, tmp, ld.Keep); err != nil {
 		return fmt.Errorf("apply writable layer delta: %w", err)
 	}
@@ -463,16 +482,16 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 	if _, err := a.restoreCgroups(name); err != nil {
 		return fmt.Errorf("cgroups: %w", err)
 	}
-	return in.startGated(ctx)
+	return in.startGated(ctx, true)
 }
 
 // canGate says whether this side starts the restore before the images
-// arrive (migration.ReadyNotice): stop-and-copy only, whose images come
-// in one stream (pre-copy rebuilds them from its store, post-copy starts
-// a lazy-pages daemon on them), and only with the shim, which holds CRIU
-// at the gate (without, runc itself would wait for the gate to open).
+// arrive (migration.ReadyNotice): stop-and-copy and pre-copy, not the
+// lazy strategies (their restore starts a lazy-pages daemon on the
+// images), and only with the shim, which holds CRIU at the gate
+// (without, runc itself would wait for the gate to open).
 func (in *incoming) canGate() bool {
-	return in.store == nil && !in.p.Strategy.Lazy() && in.a.rt.Shim != ""
+	return !in.p.Strategy.Lazy() && in.a.rt.Shim != ""
 }
 
 // takeTraffic points the overlay here; the packets are held. The switch
@@ -567,7 +586,16 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 		return err
 	}
 	if in.store != nil && !in.p.Strategy.Lazy() {
-		fst, err := in.store.RebuildFinal(ctx, in.conn, in.imgDir)
+		// A restore at its gate holds the image directory: the images
+		// join it once complete.
+		dir := in.imgDir
+		if in.gated != nil {
+			dir = in.imgDir + "-images"
+		}
+		fst, err := in.store.RebuildFinal(ctx, in.conn, dir)
+		if err == nil && in.gated != nil {
+			err = moveEntries(dir, in.imgDir)
+		}
 		if err != nil {
 			return fmt.Errorf("rebuild images from pre-copy: %w", err)
 		}
@@ -579,7 +607,12 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 		}
 		in.stateBytes = rst.PayloadBytes
 	}
-	if in.store != nil {
+	if in.store != nil && in.gated != nil {
+		// The restore at its gate holds the layer mounted.
+		if err := in.receiveLayerDelta(ctx, limit); err != nil {
+			return err
+		}
+	} else if in.store != nil {
 		if err := recvLayerDelta(ctx, in.conn, in.upper); err != nil {
 			return fmt.Errorf("receive writable layer delta: %w", err)
 		}
@@ -590,16 +623,13 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 	return nil
 }
 
-// receiveLayerFirst receives the writable layer and runc's
-// descriptors.json, which the source sends while CRIU dumps, starts the
-// restore on them (startGated), then receives the images: when the last
-// image is here, runc is at its gate and only CRIU is left to run.
+// receiveLayerFirst receives stop-and-copy's state in the frozen window:
+// the writable layer's delta since its live copy, which the source sends
+// while CRIU dumps (receiveLayerDelta: the restore started on the live
+// layer goes on or starts again), then the images: when the last image is
+// here, runc is at its gate and only CRIU is left to run.
 func (in *incoming) receiveLayerFirst(ctx context.Context, limit int64) error {
-	if in.frozen.LayerLive {
-		if err := in.receiveLayerDelta(ctx, limit); err != nil {
-			return err
-		}
-	} else if err := in.receiveLayerAndStart(ctx, limit); err != nil {
+	if err := in.receiveLayerDelta(ctx, limit); err != nil {
 		return err
 	}
 	images := in.imgDir + "-images"
@@ -615,6 +645,16 @@ func (in *incoming) receiveLayerFirst(ctx context.Context, limit int64) error {
 	return nil
 }
 
+// syncFS writes the dirty data of the file system holding path.
+func syncFS(path string) error {
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	return unix.Syncfs(int(f.Fd()))
+}
+
 // receiveLayerAndStart receives the writable layer and runc's
 // descriptors.json and starts the restore on them, held at its gate
 // (startGated).
@@ -622,13 +662,19 @@ func (in *incoming) receiveLayerAndStart(ctx context.Context, limit int64) error
 	if _, err := in.conn.RecvDir(ctx, in.upper, transfer.RecvOptions{MaxBytes: limit}); err != nil {
 		return fmt.Errorf("receive writable layer: %w", err)
 	}
+	return in.receiveDescriptorsAndStart(ctx)
+}
+
+// receiveDescriptorsAndStart receives runc's descriptors.json and starts
+// the restore on the writable layer here, held at its gate (startGated).
+func (in *incoming) receiveDescriptorsAndStart(ctx context.Context) error {
 	if err := os.Mkdir(in.imgDir, 0o700); err != nil {
 		return err
 	}
 	if _, err := in.conn.RecvFile(ctx, filepath.Join(in.imgDir, runc.DescriptorsFile), transfer.RecvOptions{MaxBytes: maxDescriptors}); err != nil {
 		return fmt.Errorf("receive runc's descriptors: %w", err)
 	}
-	return in.startGated(ctx)
+	return in.startGated(ctx, false)
 }
 
 // maxDescriptors bounds runc's descriptors.json (the container's stdio
@@ -681,8 +727,9 @@ func (g *gatedRestore) open(ctx context.Context) error {
 }
 
 // startGated mounts the root file system on the received layer and starts
-// `runc restore`, which waits at its gate for restore to open it.
-func (in *incoming) startGated(ctx context.Context) error {
+// `runc restore`, which waits at its gate for restore to open it; urgent:
+// in the frozen window, runc runs at full priority until then.
+func (in *incoming) startGated(ctx context.Context, urgent bool) error {
 	a, p := in.a, in.p
 	lf, err := in.mountRootfs()
 	if err != nil {
@@ -705,7 +752,7 @@ func (in *incoming) startGated(ctx context.Context) error {
 	go func() {
 		defer close(g.done)
 		o := in.restoreOpts()
-		o.Gate = g.gate
+		o.Gate, o.Urgent = g.gate, urgent
 		_, g.err = a.rt.Restore(gctx, p.Name, a.bundle(p.Name), o, runc.IO{Stdout: lf, Stderr: lf})
 	}()
 	return nil
@@ -1018,7 +1065,8 @@ func (in *incoming) destroy(ctx context.Context) error {
 	}
 	// (precopy.PagesDir: a final delta's pages before the other images.)
 	// (-in-images: the images of a gated restore, before they join -in.)
-	dirs := []string{name + "-in", name + "-in-work", name + "-in-images", name + "-store", filepath.Base(precopy.PagesDir(name + "-in"))}
+	dirs := []string{name + "-in", name + "-in-work", name + "-in-images", name + "-store", filepath.Base(precopy.PagesDir(name + "-in")),
+		filepath.Base(precopy.PagesDir(name + "-in-images"))}
 	// A stream cut short leaves its partial directory (transfer.RecvDir).
 	for _, d := range []string{name + "-in", name + "-in-images"} {
 		partial, _ := filepath.Glob(filepath.Join(a.scratchDir(), "."+d+".partial-*"))

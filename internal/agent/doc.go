@@ -81,25 +81,29 @@
 // long: its final delta starts as the gate opens and sends each process's
 // pages as soon as CRIU has written them (precopy.DumpWatch), so the
 // transfer of a many-process service overlaps its dump. Stop-and-copy
-// takes `runc restore`'s start out of the window the other way round
-// (migration.ReadyNotice, MsgLiveLayer, FreezeNotice.LayerFirst and
-// LayerLive): once its own runc waits at the gate, before the freeze, A
-// sends S's writable layer and runc's descriptors.json (written before
-// CRIU's gate); B mounts the root file system on them and starts `runc
-// restore`, whose CRIU waits at a gate of its own (runc.RestoreOpts
-// Gate), and says when it waits there (MsgLiveReady): only then does A
-// freeze, so neither runc shares the CPU with the dump. While CRIU
-// dumps, A sends what changed in the layer since its snapshot before the
-// live copy (sendLayerDelta; a snapshot's time is read from the layer's
-// own file system, so only entries changed within 50 ms of it are sent
-// again whatever its timestamps' granularity). B keeps its runc when the
-// delta changes nothing (layerUnchanged), rewrites changed files in
-// place when no entry is added, removed or replaced (applyInPlace: the
-// mounted overlay caches which entries exist, not their contents), and
-// otherwise calls its runc off (out of the container's cgroups first, so
-// that it removes them at once), applies the delta and starts it again;
-// B switches the network meanwhile (the other strategies before the
-// state comes); the images follow, and with the last one B opens the
+// and pre-copy take `runc restore`'s start out of the window the other
+// way round (migration.ReadyNotice, MsgLiveLayer, FreezeNotice.LayerLive):
+// once its own runc waits at the gate, before the freeze, A sends S's
+// writable layer (pre-copy's went in the rounds) and runc's
+// descriptors.json (written before CRIU's gate); B mounts the root file
+// system on them, starts `runc restore`, whose CRIU waits at a gate of
+// its own (runc.RestoreOpts Gate), syncs the layer's file system, and
+// says when runc waits at the gate (MsgLiveReady): only then does A
+// freeze, so neither runc shares the CPU with the dump. In the window A
+// sends what changed in the layer since its snapshot before the live
+// copy (sendLayerDelta; stop-and-copy while CRIU dumps, before the
+// images; a snapshot's time is read from the layer's own file system, so
+// only entries changed within 50 ms of it are sent again whatever its
+// timestamps' granularity). B keeps its runc when the delta changes
+// nothing (layerUnchanged), rewrites changed files in place when no entry
+// is added, removed or replaced (applyInPlace: the mounted overlay caches
+// which entries exist, not their contents), and otherwise calls its runc
+// off (out of the container's cgroups first, so that it removes them at
+// once), unmounts (the sync before the freeze left little to write),
+// applies the delta and starts runc again at full priority
+// (RestoreOpts.Urgent); B switches the network meanwhile (stop-and-copy;
+// the other strategies before the state comes); once the images are all
+// there B opens the
 // gate and only CRIU's restore is left. No tmpfs is left for CRIU to
 // tar and untar (4-6 ms each, a side): the masked directories and the
 // /sys/fs/cgroup tmpfs are external mounts bound on restore to read-only

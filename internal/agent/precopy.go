@@ -99,7 +99,7 @@ func (a *Agent) memoryRounds(ctx context.Context, conn *transfer.Conn, name stri
 // layer (migration.MsgLiveLayer). An abort from the source (it gave up
 // before freezing: the service still runs there) ends it with an error
 // and nothing to roll back.
-func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string, live func(context.Context) error) (migration.FreezeNotice, error) {
+func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string, live func(context.Context, migration.LiveLayer) error) (migration.FreezeNotice, error) {
 	var fz migration.FreezeNotice
 	for {
 		typ, body, err := conn.ReadMsg(ctx)
@@ -112,7 +112,11 @@ func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *p
 		case typ == migration.MsgAbort:
 			return fz, fmt.Errorf("source gave up before freezing: %w", m.as(migration.MsgFrozen, nil))
 		case typ == migration.MsgLiveLayer && live != nil:
-			if err := live(ctx); err != nil {
+			var ll migration.LiveLayer
+			if err := m.as(migration.MsgLiveLayer, &ll); err != nil {
+				return fz, err
+			}
+			if err := live(ctx, ll); err != nil {
 				return fz, err
 			}
 		case typ == migration.MsgLayer && store != nil:

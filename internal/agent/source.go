@@ -183,9 +183,14 @@ type outgoing struct {
 	// layerFirst: the writable layer and descriptors.json are sent while
 	// CRIU dumps (early), the images after (FreezeNotice.LayerFirst).
 	layerFirst bool
-	// liveLayer: the writable layer and descriptors.json crossed before
-	// the freeze (sendLiveLayer), the layer's delta crosses while CRIU
-	// dumps; layer is the snapshot the delta is taken against.
+	// gated: the destination restores at a gate (ReadyNotice), started
+	// before the freeze on the live layer (sendLiveLayer): stop-and-copy
+	// and pre-copy.
+	gated bool
+	// liveLayer: the writable layer (pre-copy: in the rounds) and
+	// descriptors.json crossed before the freeze, the layer's delta
+	// crosses in the window; layer is the snapshot the delta is taken
+	// against.
 	liveLayer bool
 	early     *earlySend
 	peerMsg   chan peerMessage
@@ -229,26 +234,31 @@ type earlySend struct {
 // before the copy, so nothing written meanwhile escapes it.
 func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 	upper := filepath.Join(o.a.dir(o.rec.Container), "upper")
-	snap, err := snapshotLayer(upper)
-	if err != nil {
-		return fmt.Errorf("writable layer: %w", err)
-	}
-	if err := o.conn.WriteMsg(ctx, migration.MsgLiveLayer, struct{}{}); err != nil {
+	layer := o.pre == nil // pre-copy's went in the rounds, o.layer its snapshot
+	if err := o.conn.WriteMsg(ctx, migration.MsgLiveLayer, migration.LiveLayer{Layer: layer}); err != nil {
 		return err
 	}
 	opts := o.send
-	opts.Name, opts.Overlay = "upper", true
-	st, err := o.conn.SendDir(ctx, upper, opts)
-	if err != nil {
-		return fmt.Errorf("send writable layer: %w", err)
+	if layer {
+		snap, err := snapshotLayer(upper)
+		if err != nil {
+			return fmt.Errorf("writable layer: %w", err)
+		}
+		opts.Name, opts.Overlay = "upper", true
+		st, err := o.conn.SendDir(ctx, upper, opts)
+		if err != nil {
+			return fmt.Errorf("send writable layer: %w", err)
+		}
+		o.addSent(st)
+		o.layer = snap
 	}
-	o.addSent(st)
 	opts.Name, opts.Overlay = "descriptors", false
-	if st, err = o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts); err != nil {
+	st, err := o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts)
+	if err != nil {
 		return fmt.Errorf("send runc's descriptors: %w", err)
 	}
 	o.addSent(st)
-	o.layer, o.liveLayer = snap, true
+	o.liveLayer = true
 	wctx, cancel := context.WithTimeout(ctx, gateWait)
 	defer cancel()
 	if err := expectFrom(wctx, o.conn, o.req.To, migration.MsgLiveReady, nil); err != nil {
@@ -399,7 +409,7 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 		if err := o.startDump(ctx); err != nil {
 			return o.event(ctx, migration.EvFrozen, err)
 		}
-		if o.layerFirst {
+		if o.gated {
 			// The destination's restore starts on the live layer now.
 			if err := o.sendLiveLayer(ctx); err != nil {
 				return o.event(ctx, migration.EvFrozen, err)
@@ -542,7 +552,8 @@ func (o *outgoing) prepare(ctx context.Context) error {
 	}
 	// runc writes descriptors.json before CRIU's gate only when the shim
 	// holds CRIU there (without, runc starts as the gate opens).
-	o.layerFirst = prepared.GatedRestore && o.pre == nil && !o.req.Strategy.Lazy() && a.rt.Shim != ""
+	o.gated = prepared.GatedRestore && !o.req.Strategy.Lazy() && a.rt.Shim != ""
+	o.layerFirst = o.gated && o.req.Strategy == migration.StopAndCopy
 	if o.comp != transfer.CompressOff {
 		if err := conn.WarmCompression(); err != nil {
 			return err

@@ -272,9 +272,10 @@ const (
 	MsgPrepare  = "prepare"  // S→D Prepare
 	MsgPrepared = "prepared" // D→S {}
 	MsgLayer    = "layer"    // S→D {}: pre-copy: the writable layer follows, service running
-	// MsgLiveLayer (S→D {}): stop-and-copy to a gated restore: the
-	// writable layer, then runc's descriptors.json, follow, the service
-	// running; in the frozen window only the layer's delta comes.
+	// MsgLiveLayer (S→D LiveLayer): to a gated restore, the service
+	// running: stop-and-copy's writable layer (pre-copy's came in the
+	// rounds), then runc's descriptors.json, follow; in the frozen window
+	// only the layer's delta comes.
 	MsgLiveLayer = "live-layer"
 	// MsgLiveReady (D→S {}): the restore started on the live layer waits
 	// at its gate; the source freezes only then, so that runc's start
@@ -327,6 +328,12 @@ type Prepare struct {
 // are there.
 type ReadyNotice struct {
 	GatedRestore bool `json:"gated_restore,omitempty"`
+}
+
+// LiveLayer precedes what MsgLiveLayer sends: the writable layer first
+// when Layer (stop-and-copy), then runc's descriptors.json.
+type LiveLayer struct {
+	Layer bool `json:"layer,omitempty"`
 }
 
 // FreezeNotice announces the freeze. Accepting: the service accepts new

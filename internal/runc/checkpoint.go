@@ -322,8 +322,10 @@ type RestoreOpts struct {
 	// descriptors.json from ImagePath, which must be there); the other
 	// images must be in ImagePath when the gate opens. A gate of its own
 	// for each restore; if ctx ends first, the restore fails with nothing
-	// restored.
-	Gate *Gate
+	// restored. Until the gate opens runc runs niced (deferToGate),
+	// unless Urgent: the restore is already awaited.
+	Gate   *Gate
+	Urgent bool
 }
 
 // useGate readies g for the runc command inv: with the shim, inv's
@@ -490,7 +492,9 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		}
 		defer closeGate()
 		if shim {
-			deferToGate(&inv, o.Gate, o.Cgroups)
+			if !o.Urgent {
+				deferToGate(&inv, o.Gate, o.Cgroups)
+			}
 			onStart := inv.started
 			inv.started = func(pid int) {
 				if onStart != nil {
