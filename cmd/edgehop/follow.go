@@ -8,8 +8,8 @@ import (
 	"os"
 	"sort"
 	"strings"
-	"time"
 	"text/tabwriter"
+	"time"
 
 	"github.com/edgehop/edgehop/internal/controller"
 	"github.com/edgehop/edgehop/internal/policy"
