@@ -180,8 +180,8 @@ type outgoing struct {
 	fcancel   context.CancelFunc
 	ck        *checkpoint // the dump, from just before the freeze
 	final     *finalSend  // pre-copy: the final delta, sent while CRIU dumps
-	// layerFirst: the writable layer and descriptors.json are sent while
-	// CRIU dumps (early), the images after (FreezeNotice.LayerFirst).
+	// layerFirst: stop-and-copy's layer delta is sent while CRIU dumps
+	// (early), the images after (FreezeNotice.LayerFirst).
 	layerFirst bool
 	// gated: the destination restores at a gate (ReadyNotice), started
 	// before the freeze on the live layer (sendLiveLayer): stop-and-copy
@@ -214,16 +214,16 @@ func (f *finalSend) halt() {
 	<-f.done
 }
 
-// earlySend is the writable layer and runc's descriptors.json on their
+// earlySend is the writable layer's delta since its live copy on its
 // way while CRIU dumps (FreezeNotice.LayerFirst): the service is frozen,
 // so its layer no longer changes, and the connection is idle until the
-// images are written. The destination starts its restore on them. (A
-// service CRIU had to freeze itself sends them after the dump, still
-// before the images.)
+// images are written. The destination's restore, at its gate on the
+// live layer, goes on or starts again on it. (A service CRIU had to
+// freeze itself sends it after the dump, still before the images.)
 type earlySend struct {
-	done              chan struct{} // closed with layer, descriptors and err set
-	layer, descriptor transfer.Stats
-	err               error
+	done  chan struct{} // closed with layer and err set
+	layer transfer.Stats
+	err   error
 }
 
 // sendLiveLayer sends, while the service still runs, its writable layer
@@ -267,10 +267,9 @@ func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 	return nil
 }
 
-// startEarly sends the writable layer, then descriptors.json, which runc
-// wrote before CRIU's gate (runc.Checkpoint), on a goroutine (after a
-// live layer: the layer's delta alone); sendState waits for it before
-// the images.
+// startEarly sends stop-and-copy's writable layer delta since its live
+// copy (sendLiveLayer) on a goroutine while CRIU dumps; sendState waits
+// for it before the images.
 func (o *outgoing) startEarly() {
 	e := &earlySend{done: make(chan struct{})}
 	o.early = e
@@ -284,19 +283,8 @@ func (o *outgoing) startEarly() {
 		opts.Name, opts.Overlay = "upper", true
 		upper := filepath.Join(o.a.dir(o.rec.Container), "upper")
 		var err error
-		if o.liveLayer {
-			if e.layer, _, err = sendLayerDelta(ctx, o.conn, upper, o.layer, opts); err != nil {
-				e.err = fmt.Errorf("send writable layer delta: %w", err)
-			}
-			return
-		}
-		if e.layer, err = o.conn.SendDir(ctx, upper, opts); err != nil {
-			e.err = fmt.Errorf("send writable layer: %w", err)
-			return
-		}
-		opts.Name, opts.Overlay = "descriptors", false
-		if e.descriptor, err = o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts); err != nil {
-			e.err = fmt.Errorf("send runc's descriptors: %w", err)
+		if e.layer, _, err = sendLayerDelta(ctx, o.conn, upper, o.layer, opts); err != nil {
+			e.err = fmt.Errorf("send writable layer delta: %w", err)
 		}
 	}()
 }
@@ -553,7 +541,7 @@ func (o *outgoing) prepare(ctx context.Context) error {
 	// runc writes descriptors.json before CRIU's gate only when the shim
 	// holds CRIU there (without, runc starts as the gate opens).
 	o.gated = prepared.GatedRestore && !o.req.Strategy.Lazy() && a.rt.Shim != ""
-	o.layerFirst = o.gated && o.req.Strategy == migration.StopAndCopy
+	o.layerFirst = o.gated && !o.req.Strategy.Live()
 	if o.comp != transfer.CompressOff {
 		if err := conn.WarmCompression(); err != nil {
 			return err
@@ -933,7 +921,6 @@ func (o *outgoing) sendState() error {
 			}
 			<-o.early.done
 			o.addSent(o.early.layer)
-			o.addSent(o.early.descriptor)
 			if o.early.err != nil {
 				return o.peerReason(o.early.err)
 			}

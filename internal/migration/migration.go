@@ -340,12 +340,12 @@ type LiveLayer struct {
 // connections, and its source takes its link down only once it hears of
 // the network switch, so the destination tells the gateways first.
 // PodNetwork: the service is the first of its pod to freeze, and its
-// destination takes the pod's traffic (the others' do not). LayerFirst:
-// the writable layer and runc's descriptors.json come first, sent while
-// CRIU dumps, and the images after them (the destination said
-// GatedRestore). LayerLive: the layer and descriptors.json came before
-// the freeze (MsgLiveLayer); with LayerFirst, only the layer's delta
-// comes, then the images.
+// destination takes the pod's traffic (the others' do not). LayerLive:
+// the layer (pre-copy's: in the rounds) and descriptors.json came before
+// the freeze (MsgLiveLayer; the destination said GatedRestore), and only
+// the layer's delta comes in the window. LayerFirst (stop-and-copy, with
+// LayerLive): that delta comes first, sent while CRIU dumps, and the
+// images after it.
 type FreezeNotice struct {
 	Accepting  bool `json:"accepting,omitempty"`
 	PodNetwork bool `json:"pod_network,omitempty"`
