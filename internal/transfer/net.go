@@ -11,7 +11,10 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/pki"
@@ -45,11 +48,12 @@ const (
 // NetConfig holds the transport settings of Dial and Listen. The zero
 // value uses the defaults.
 type NetConfig struct {
-	// BufferBytes is the socket send and receive buffer aimed for.
-	// Autotuning is kept when the kernel's net.ipv4.tcp_[rw]mem maximum
-	// reaches it, otherwise the buffer is set explicitly when
-	// net.core.[rw]mem_max allows, otherwise Conn.SocketNote says which
-	// sysctl limits it.
+	// BufferBytes is the socket send and receive buffer aimed for. The
+	// receive buffer is set before the handshake (openWindow), so the
+	// window is open from the first byte. The send buffer is left to
+	// autotuning when the kernel's net.ipv4.tcp_wmem maximum reaches it,
+	// otherwise set explicitly when net.core.wmem_max allows. Where a
+	// limit keeps either smaller, Conn.SocketNote says which.
 	BufferBytes int
 	// HandshakeTimeout bounds TLS handshakes (within the ctx).
 	HandshakeTimeout time.Duration
@@ -92,7 +96,8 @@ func (nc NetConfig) Dial(ctx context.Context, addr string, cfg *tls.Config) (*Co
 	if err != nil {
 		return nil, err
 	}
-	d := net.Dialer{KeepAliveConfig: keepAlive}
+	var wnote string
+	d := net.Dialer{KeepAliveConfig: keepAlive, Control: openWindow(nc.BufferBytes, &wnote)}
 	raw, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -100,9 +105,9 @@ func (nc NetConfig) Dial(ctx context.Context, addr string, cfg *tls.Config) (*Co
 		}
 		return nil, fmt.Errorf("connect to agent at %s: %w (check that the edgehop agent is running there and listening on that address)", addr, err)
 	}
-	note := tuneBuffers(raw.(*net.TCPConn), nc.BufferBytes)
+	note := joinNotes(wnote, tuneBuffers(raw.(*net.TCPConn), nc.BufferBytes))
 	if err := linux.SetTCPUserTimeout(raw.(*net.TCPConn), nc.UserTimeout); err != nil {
-		note = strings.TrimPrefix(note+"; "+err.Error(), "; ")
+		note = joinNotes(note, err.Error())
 	}
 
 	hctx, cancel := context.WithTimeout(ctx, nc.HandshakeTimeout)
@@ -165,9 +170,10 @@ func prepareTLS(cfg *tls.Config) (*tls.Config, error) {
 // Listener accepts authenticated agent connections. It is safe for
 // concurrent use; Accept calls are served one at a time.
 type Listener struct {
-	ln  *net.TCPListener
-	cfg *tls.Config
-	nc  NetConfig
+	ln   *net.TCPListener
+	cfg  *tls.Config
+	nc   NetConfig
+	note string // openWindow's, for every connection
 
 	mu sync.Mutex // serialises Accept, which moves the listener's deadline
 }
@@ -184,12 +190,15 @@ func (nc NetConfig) Listen(ctx context.Context, addr string, cfg *tls.Config) (*
 	if err != nil {
 		return nil, err
 	}
-	lc := net.ListenConfig{KeepAliveConfig: keepAlive}
+	nc = nc.withDefaults()
+	l := &Listener{cfg: cfg, nc: nc}
+	lc := net.ListenConfig{KeepAliveConfig: keepAlive, Control: openWindow(nc.BufferBytes, &l.note)}
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
-	return &Listener{ln: ln.(*net.TCPListener), cfg: cfg, nc: nc.withDefaults()}, nil
+	l.ln = ln.(*net.TCPListener)
+	return l, nil
 }
 
 // Addr is the address the listener is bound to.
@@ -224,9 +233,9 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		}
 		return nil, fmt.Errorf("accept on %s: %w", l.ln.Addr(), err)
 	}
-	note := tuneBuffers(raw, l.nc.BufferBytes)
+	note := joinNotes(l.note, tuneBuffers(raw, l.nc.BufferBytes))
 	if err := linux.SetTCPUserTimeout(raw, l.nc.UserTimeout); err != nil {
-		note = strings.TrimPrefix(note+"; "+err.Error(), "; ")
+		note = joinNotes(note, err.Error())
 	}
 	hctx, cancel := context.WithTimeout(ctx, l.nc.HandshakeTimeout)
 	defer cancel()
@@ -239,35 +248,66 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 	return c, nil
 }
 
-// tuneBuffers sizes tc's socket buffers for want bytes and returns a note
-// when the kernel's limits keep them smaller. Autotuning is preferred: an
-// explicit size disables it.
-func tuneBuffers(tc *net.TCPConn, want int) string {
-	var notes []string
-	for _, b := range []struct {
-		name, coreKey, tcpKey string
-		set                   func(int) error
-	}{
-		{"receive", "net.core.rmem_max", "net.ipv4.tcp_rmem", tc.SetReadBuffer},
-		{"send", "net.core.wmem_max", "net.ipv4.tcp_wmem", tc.SetWriteBuffer},
-	} {
-		tcpMax, err1 := sysctlField(b.tcpKey, 2)
-		coreMax, err2 := sysctlField(b.coreKey, 0)
-		switch {
-		case err1 != nil || err2 != nil:
-			notes = append(notes, fmt.Sprintf("%s buffer left to the kernel: %v", b.name, errors.Join(err1, err2)))
-		case tcpMax >= want:
-			// autotuning grows the buffer as far as needed
-		case coreMax >= want:
-			if err := b.set(want); err != nil {
-				notes = append(notes, fmt.Sprintf("set %s buffer: %v", b.name, err))
+// openWindow returns the Control of a dialer or listener that sizes the
+// socket's receive buffer for want bytes before its handshake, and the
+// note it leaves when the kernel's limits keep the buffer smaller. The
+// window a socket offers starts from that buffer, and autotuning opens it
+// only as data arrives: a migration's connection carries a few small
+// messages before the freeze and then the images all at once, which a
+// window still at its start (about 64 KB) lets through in several round
+// trips inside the frozen window. A listener's connections take its
+// buffer.
+func openWindow(want int, note *string) func(network, address string, c syscall.RawConn) error {
+	return func(network, address string, c syscall.RawConn) error {
+		return c.Control(func(fd uintptr) {
+			// SO_RCVBUFFORCE passes net.core.rmem_max (CAP_NET_ADMIN).
+			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, want) == nil {
+				return
 			}
-		default:
-			notes = append(notes, fmt.Sprintf("%s buffer limited to %d bytes by %s (max) and %s=%d, want %d for 1 Gbit/s at 300 ms RTT",
-				b.name, max(tcpMax, coreMax), b.tcpKey, b.coreKey, coreMax, want))
+			coreMax, err := sysctlField("net.core.rmem_max", 0)
+			if err == nil && coreMax >= want {
+				err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, want)
+			} else if err == nil {
+				err = fmt.Errorf("net.core.rmem_max=%d", coreMax)
+			}
+			if err != nil {
+				*note = fmt.Sprintf("receive window left to autotuning (opens as data arrives): %v", err)
+			}
+		})
+	}
+}
+
+// tuneBuffers sizes tc's send buffer for want bytes and returns a note
+// when the kernel's limits keep it smaller. Autotuning is preferred: it
+// grows the buffer as the window opens, and an explicit size disables it.
+func tuneBuffers(tc *net.TCPConn, want int) string {
+	tcpMax, err1 := sysctlField("net.ipv4.tcp_wmem", 2)
+	coreMax, err2 := sysctlField("net.core.wmem_max", 0)
+	switch {
+	case err1 != nil || err2 != nil:
+		return fmt.Sprintf("send buffer left to the kernel: %v", errors.Join(err1, err2))
+	case tcpMax >= want:
+		// autotuning grows the buffer as far as needed
+	case coreMax >= want:
+		if err := tc.SetWriteBuffer(want); err != nil {
+			return fmt.Sprintf("set send buffer: %v", err)
+		}
+	default:
+		return fmt.Sprintf("send buffer limited to %d bytes by net.ipv4.tcp_wmem (max) and net.core.wmem_max=%d, want %d for 1 Gbit/s at 300 ms RTT",
+			max(tcpMax, coreMax), coreMax, want)
+	}
+	return ""
+}
+
+// joinNotes joins the non-empty notes with "; ".
+func joinNotes(notes ...string) string {
+	var out []string
+	for _, n := range notes {
+		if n != "" {
+			out = append(out, n)
 		}
 	}
-	return strings.Join(notes, "; ")
+	return strings.Join(out, "; ")
 }
 
 // sysctlField reads field i (space separated) of the sysctl key as seen
