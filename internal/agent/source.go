@@ -784,6 +784,10 @@ func (c *checkpoint) wait() error {
 	return c.err
 }
 
+// workDir receives CRIU's dump.log and stats-dump, which stay here: the
+// images directory holds only what the destination restores from.
+func (o *outgoing) workDir() string { return o.rec.ImageDir + "-work" }
+
 // dumpRemoveWait bounds how long a rollback lets runc finish removing a
 // container CRIU dumped before it is killed.
 const dumpRemoveWait = 5 * time.Second
@@ -799,9 +803,10 @@ const gateWait = 30 * time.Second
 func (o *outgoing) startDump(ctx context.Context) error {
 	a, name := o.a, o.rec.Container
 	_ = os.RemoveAll(o.rec.ImageDir)
+	_ = os.RemoveAll(o.workDir())
 	// File locks (a database's fcntl locks on its data files, Apache's
 	// and PHP's lock files) are dumped and taken again on restore.
-	opts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.rec.ImageDir, TCPEstablished: true, FileLocks: true,
+	opts := runc.CheckpointOpts{ImagePath: o.rec.ImageDir, WorkPath: o.workDir(), TCPEstablished: true, FileLocks: true,
 		RealIDs: o.dumpAs, Gate: runc.NewGate()}
 	ckCtx, cancel := context.WithCancel(context.WithoutCancel(a.runCtx))
 	ck := &checkpoint{gate: opts.Gate, cancel: cancel, ready: make(chan struct{}), done: make(chan struct{})}
@@ -870,7 +875,7 @@ func (o *outgoing) dump() error {
 		return fmt.Errorf("dump: %w", err)
 	}
 	o.tm.Mark(migration.PhaseDump)
-	if st, serr := runc.ReadDumpStats(o.rec.ImageDir); serr == nil && !lazy {
+	if st, serr := runc.ReadDumpStats(o.workDir()); serr == nil && !lazy {
 		o.res.CRIU = dumpStatsMap(st)
 	}
 	// The destination may give up while we stream (disk full, restore
@@ -1138,6 +1143,7 @@ func (o *outgoing) awaitLazy() error {
 func (o *outgoing) releaseSource() error {
 	err := o.a.releaseSource(context.WithoutCancel(o.a.runCtx), o.rec.Container)
 	_ = os.RemoveAll(o.rec.ImageDir)
+	_ = os.RemoveAll(o.workDir())
 	o.tm.Mark(migration.PhaseCleanup)
 	o.res.SourceFreeMs = migration.Ms(o.tm.Elapsed())
 	if err != nil {
@@ -1272,6 +1278,7 @@ func (o *outgoing) finish(act migration.Action) {
 		// Images are kept only while the destination may still hand the
 		// service back.
 		_ = os.RemoveAll(o.rec.ImageDir)
+		_ = os.RemoveAll(o.workDir())
 		_ = os.RemoveAll(o.rec.ImageDir + "-rollback")
 	}
 	if o.unit != nil && !res.OK {

@@ -182,7 +182,7 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 	if o.Ready != nil && !o.LazyPages {
 		var once sync.Once
 		imagesWritten = func() { once.Do(o.Ready) }
-		stop, err := watchWritten(o.ImagePath, statsDumpFile, imagesWritten)
+		stop, err := watchWritten(work, statsDumpFile, imagesWritten)
 		if err != nil {
 			return fmt.Errorf("checkpoint %s: watch images: %w", id, err)
 		}
