@@ -449,7 +449,11 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 	if _, err := in.conn.RecvDir(ctx, tmp, transfer.RecvOptions{MaxBytes: limit}); err != nil {
 		return fmt.Errorf("receive writable layer delta: %w", err)
 	}
-	why, err := layerUnchanged(in.upper, tmp, ld.Keep)
+	m, err := matchLayer(in.upper, tmp, ld.Keep)
+	if err != nil {
+		return fmt.Errorf("writable layer delta: %w", err)
+	}
+	why, err := m.unchanged()
 	if err != nil {
 		return fmt.Errorf("writable layer delta: %w", err)
 	}
@@ -458,7 +462,7 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 		return nil
 	}
 	a, name := in.a, in.p.Name
-	if ok, err := applyInPlace(in.upper, tmp, ld.Keep); err != nil {
+	if ok, err := m.applyInPlace(); err != nil {
 		return fmt.Errorf("apply writable layer delta: %w", err)
 	} else if ok {
 		in.liveLayer = "rewritten"

@@ -78,11 +78,22 @@ func clockMark(root string) (int64, error) {
 	return st.Ctim.Nano(), nil
 }
 
+// snapshotLayer lists root's entries and marks when the walk began, for a
+// later snapshot's changedSince.
 func snapshotLayer(root string) (layerSnapshot, error) {
-	snap := layerSnapshot{at: time.Now().UnixNano(), slack: ctimeSlack, entries: map[string]layerEntry{}}
-	if at, err := clockMark(root); err == nil {
-		snap.at, snap.slack = at, markSlack
+	at, slack := time.Now().UnixNano(), ctimeSlack
+	if t, err := clockMark(root); err == nil {
+		at, slack = t, markSlack
 	}
+	snap, err := listLayer(root)
+	snap.at, snap.slack = at, slack
+	return snap, err
+}
+
+// listLayer lists root's entries, with no time: enough for what changed
+// since an earlier snapshot, and for comparing trees.
+func listLayer(root string) (layerSnapshot, error) {
+	snap := layerSnapshot{entries: map[string]layerEntry{}}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -283,18 +294,25 @@ func allXattrs(string) bool { return true }
 // counts as changed without being read (layerUnchanged).
 const maxUnchangedCompare = 1 << 20
 
-// layerUnchanged says what applying delta and keep to root
-// (applyLayerDelta) would change in it, "" for nothing: root holds
-// exactly the entries of keep, and every entry of delta is in root
-// already with the same type, mode, owner, mtime, extended attributes
-// and content (a regular file's bytes, a link's target, a device's
-// number). The source sends an entry whose ctime is close to its
-// snapshot's (layerSnapshot.slack) whether or not it changed; most are
-// the same.
-func layerUnchanged(root, delta string, keep []string) (string, error) {
-	cur, err := snapshotLayer(root)
+// layerMatch compares the destination's live copy of the writable layer
+// (root) with what the source sent in the frozen window: the delta's
+// entries (received from buildLayerDelta's directory) and the list of
+// every entry its layer holds (LayerDelta.Keep).
+type layerMatch struct {
+	root, delta string
+	// have and want count root's entries and the source's; sameSet says
+	// root holds exactly the source's entries.
+	have, want int
+	sameSet    bool
+	rels       []string // the delta's entries, sorted
+}
+
+// matchLayer walks root and delta once for unchanged and applyInPlace.
+func matchLayer(root, delta string, keep []string) (layerMatch, error) {
+	m := layerMatch{root: root, delta: delta}
+	cur, err := listLayer(root)
 	if err != nil {
-		return "", err
+		return m, err
 	}
 	have := cur.paths()
 	want := make([]string, 0, len(keep))
@@ -302,15 +320,31 @@ func layerUnchanged(root, delta string, keep []string) (string, error) {
 		want = append(want, filepath.Clean(p))
 	}
 	slices.Sort(want)
-	if !slices.Equal(have, want) {
-		return fmt.Sprintf("entries added or removed (%d, was %d)", len(want), len(have)), nil
+	m.have, m.want, m.sameSet = len(have), len(want), slices.Equal(have, want)
+	if !m.sameSet {
+		return m, nil
 	}
-	changed, err := snapshotLayer(delta)
+	changed, err := listLayer(delta)
 	if err != nil {
-		return "", err
+		return m, err
 	}
-	for _, rel := range changed.paths() {
-		if why, err := sameEntry(filepath.Join(delta, rel), filepath.Join(root, rel)); err != nil || why != "" {
+	m.rels = changed.paths()
+	return m, nil
+}
+
+// unchanged says what applying the delta to root (applyLayerDelta) would
+// change in it, "" for nothing: root holds exactly the source's entries,
+// and every entry of the delta is in root already with the same type,
+// mode, owner, mtime, extended attributes and content (a regular file's
+// bytes, a link's target, a device's number). The source sends an entry
+// whose ctime is close to its snapshot's (layerSnapshot.slack) whether
+// or not it changed; most are the same.
+func (m layerMatch) unchanged() (string, error) {
+	if !m.sameSet {
+		return fmt.Sprintf("entries added or removed (%d, was %d)", m.want, m.have), nil
+	}
+	for _, rel := range m.rels {
+		if why, err := sameEntry(filepath.Join(m.delta, rel), filepath.Join(m.root, rel)); err != nil || why != "" {
 			return rel + ": " + why, err
 		}
 	}
@@ -385,33 +419,20 @@ func sameEntry(a, b string) (string, error) {
 	return "", nil
 }
 
-// applyInPlace applies delta to root, while root is an overlay's upper
-// directory in use, when it can do so without adding, removing or
+// applyInPlace applies the delta to root, while root is an overlay's
+// upper directory in use, when it can do so without adding, removing or
 // replacing an entry (the overlay caches which entries exist): root holds
-// exactly keep, and every entry of delta is in root, of the same type,
-// neither hard-linked nor an overlay marker changed, differing in a
-// regular file's content or in metadata only. It then rewrites those
-// files' content in place and sets owner, extended attributes, mode and
-// mtime, and returns true; otherwise it touches nothing and returns
-// false.
-func applyInPlace(root, delta string, keep []string) (bool, error) {
-	cur, err := snapshotLayer(root)
-	if err != nil {
-		return false, err
-	}
-	want := make([]string, 0, len(keep))
-	for _, p := range keep {
-		want = append(want, filepath.Clean(p))
-	}
-	slices.Sort(want)
-	if !slices.Equal(cur.paths(), want) {
+// exactly the source's entries, and every entry of the delta is in root,
+// of the same type, neither hard-linked nor an overlay marker changed,
+// differing in a regular file's content or in metadata only. It then
+// rewrites those files' content in place and sets owner, extended
+// attributes, mode and mtime, and returns true; otherwise it touches
+// nothing and returns false.
+func (m layerMatch) applyInPlace() (bool, error) {
+	if !m.sameSet {
 		return false, nil
 	}
-	changed, err := snapshotLayer(delta)
-	if err != nil {
-		return false, err
-	}
-	rels := changed.paths()
+	root, delta, rels := m.root, m.delta, m.rels
 	for _, rel := range rels {
 		var sa, sb unix.Stat_t
 		if err := unix.Lstat(filepath.Join(delta, rel), &sa); err != nil {
@@ -519,7 +540,7 @@ func applyLayerDelta(root, delta string, keep []string) error {
 	for _, p := range keep {
 		want[filepath.Clean(p)] = true
 	}
-	cur, err := snapshotLayer(root)
+	cur, err := listLayer(root)
 	if err != nil {
 		return err
 	}
@@ -531,7 +552,7 @@ func applyLayerDelta(root, delta string, keep []string) error {
 			return err
 		}
 	}
-	changed, err := snapshotLayer(delta)
+	changed, err := listLayer(delta)
 	if err != nil {
 		return err
 	}
@@ -574,7 +595,7 @@ func applyLayerDelta(root, delta string, keep []string) error {
 // sendLayerDelta is the source's frozen-window half of storage pre-copy:
 // what changed in root since before, and the list of what is left.
 func sendLayerDelta(ctx context.Context, conn *transfer.Conn, root string, before layerSnapshot, opts transfer.SendOptions) (transfer.Stats, int, error) {
-	now, err := snapshotLayer(root)
+	now, err := listLayer(root)
 	if err != nil {
 		return transfer.Stats{}, 0, err
 	}

@@ -348,3 +348,21 @@ func TestApplyInPlace(t *testing.T) {
 		})
 	}
 }
+
+// layerUnchanged is matchLayer's unchanged, for one comparison.
+func layerUnchanged(root, delta string, keep []string) (string, error) {
+	m, err := matchLayer(root, delta, keep)
+	if err != nil {
+		return "", err
+	}
+	return m.unchanged()
+}
+
+// applyInPlace is matchLayer's applyInPlace, for one comparison.
+func applyInPlace(root, delta string, keep []string) (bool, error) {
+	m, err := matchLayer(root, delta, keep)
+	if err != nil {
+		return false, err
+	}
+	return m.applyInPlace()
+}
