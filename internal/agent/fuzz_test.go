@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -63,6 +64,80 @@ func FuzzOperatorRequests(f *testing.F) {
 			if err := decodeStrict(in, v); err != nil && !errors.Is(err, ErrInvalid) {
 				t.Fatalf("decode %T: error is not ErrInvalid: %v", v, err)
 			}
+		}
+	})
+}
+
+// FuzzLayerDelta decodes a source's LayerDelta as the destination does
+// and applies it, with a fixed delta, to a live copy of a layer holding a
+// link out of it: whatever the list says, the destination compares,
+// rewrites in place or replaces entries under the layer only, and keeps
+// no entry the list leaves out.
+func FuzzLayerDelta(f *testing.F) {
+	for _, keep := range [][]string{
+		{"a", "a/f", "a/l", "b"},
+		{"a", "a/f"},
+		{"../outside", "/etc/passwd", "a/../../outside", ""},
+		{"a/l/x", "a/l", "."},
+	} {
+		b, _ := json.Marshal(LayerDelta{Keep: keep, Changed: 1})
+		f.Add(b)
+	}
+	f.Add([]byte(`{"keep":null}`))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var ld LayerDelta
+		if json.Unmarshal(in, &ld) != nil {
+			return
+		}
+		dir := t.TempDir()
+		root, delta, outside := filepath.Join(dir, "upper"), filepath.Join(dir, "delta"), filepath.Join(dir, "outside")
+		write(t, outside, []byte("outside"))
+		write(t, filepath.Join(root, "a/f"), []byte("old"))
+		write(t, filepath.Join(root, "b"), nil)
+		if err := os.Symlink(outside, filepath.Join(root, "a/l")); err != nil {
+			t.Fatal(err)
+		}
+		write(t, filepath.Join(delta, "a/f"), []byte("new"))
+		m, err := matchLayer(root, delta, ld.Keep)
+		if err == nil {
+			_, err = m.unchanged()
+		}
+		if err == nil {
+			_, err = m.applyInPlace()
+		}
+		if err == nil {
+			err = applyLayerDelta(root, delta, ld.Keep)
+		}
+		if b, rerr := os.ReadFile(outside); rerr != nil || string(b) != "outside" {
+			t.Fatalf("keep %q: the file outside the layer now %q, %v", ld.Keep, b, rerr)
+		}
+		ents, rerr := os.ReadDir(dir)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		for _, e := range ents {
+			if n := e.Name(); n != "upper" && n != "delta" && n != "outside" {
+				t.Fatalf("keep %q: %s made outside the layer", ld.Keep, n)
+			}
+		}
+		if err != nil {
+			return // an inconsistent list fails; it touched nothing outside
+		}
+		want := map[string]bool{"a": true, "a/f": true}
+		for _, p := range ld.Keep {
+			want[filepath.Clean(p)] = true
+		}
+		got, lerr := listLayer(root)
+		if lerr != nil {
+			t.Fatal(lerr)
+		}
+		for _, p := range got.paths() {
+			if !want[p] {
+				t.Fatalf("keep %q: %s kept", ld.Keep, p)
+			}
+		}
+		if b, _ := os.ReadFile(filepath.Join(root, "a/f")); string(b) != "new" {
+			t.Fatalf("keep %q: a/f holds %q after the delta", ld.Keep, b)
 		}
 	})
 }
