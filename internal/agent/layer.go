@@ -291,7 +291,7 @@ func copyXattrs(src, dst string) error {
 func allXattrs(string) bool { return true }
 
 // maxUnchangedCompare: a regular file of the delta larger than this
-// counts as changed without being read (layerUnchanged).
+// counts as changed without being read (layerMatch.unchanged).
 const maxUnchangedCompare = 1 << 20
 
 // layerMatch compares the destination's live copy of the writable layer
