@@ -418,14 +418,8 @@ func (in *incoming) receiveLiveLayer(ctx context.Context, ll migration.LiveLayer
 		in.a.log.Warn("sync the writable layer's file system", "container", in.p.Name, "err", err)
 	}
 	g := in.gated
-	select {
-	case <-g.gate.Ready():
-	case <-g.done:
-		return fmt.Errorf("restore on the live layer ended at its gate: %w", g.err)
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-time.After(gateWait):
-		return fmt.Errorf("restore on the live layer: runc did not reach CRIU within %s", gateWait)
+	if err := awaitGate(ctx, g.gate, g.done, func() error { return g.err }); err != nil {
+		return fmt.Errorf("restore on the live layer: %w", err)
 	}
 	return in.conn.WriteMsg(ctx, migration.MsgLiveReady, struct{}{})
 }

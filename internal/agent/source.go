@@ -821,19 +821,29 @@ func (o *outgoing) startDump(ctx context.Context) error {
 		defer close(ck.done)
 		ck.err = a.rt.Checkpoint(ckCtx, name, opts)
 	}()
-	select {
-	case <-ck.gate.Ready():
-		return nil
-	case <-ck.done:
-		err := ck.err
-		if err == nil {
-			err = errors.New("checkpoint ended at its gate")
-		}
+	if err := awaitGate(ctx, ck.gate, ck.done, func() error { return ck.err }); err != nil {
 		return fmt.Errorf("dump: %w", err)
+	}
+	return nil
+}
+
+// awaitGate waits, up to gateWait, until runc has started and its CRIU
+// waits at gate g, before the freeze; done closes when runc ended first,
+// with err its outcome.
+func awaitGate(ctx context.Context, g *runc.Gate, done <-chan struct{}, err func() error) error {
+	select {
+	case <-g.Ready():
+		return nil
+	case <-done:
+		e := err()
+		if e == nil {
+			e = errors.New("runc exited")
+		}
+		return fmt.Errorf("ended at its gate: %w", e)
 	case <-ctx.Done():
 		return context.Cause(ctx)
 	case <-time.After(gateWait):
-		return fmt.Errorf("dump: runc did not reach CRIU within %s", gateWait)
+		return fmt.Errorf("runc did not reach CRIU within %s", gateWait)
 	}
 }
 
