@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/edgehop/edgehop/internal/units"
-	"golang.org/x/sys/unix"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/journal"
@@ -21,6 +22,7 @@ import (
 	"github.com/edgehop/edgehop/internal/precopy"
 	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/transfer"
+	"github.com/edgehop/edgehop/internal/units"
 )
 
 // serveMigrations accepts incoming migrations and page tunnels until ctx
@@ -698,25 +700,49 @@ func moveEntries(src, dst string) error {
 // gatedRestore is a restore started before the images arrived, held at
 // its gate (runc.RestoreOpts.Gate) until they have.
 type gatedRestore struct {
-	gate   *runc.Gate
-	lf     *os.File // the service's output, handed to it once restored
-	cancel context.CancelCauseFunc
-	done   chan struct{} // closed with err set
-	err    error
+	gate    *runc.Gate
+	lf      *os.File // the service's output, handed to it once restored
+	cancel  context.CancelCauseFunc
+	resumed chan struct{} // closed when CRIU resumed the restored tasks
+	once    sync.Once
+	done    chan struct{} // closed with err set, once runc exited
+	err     error
 }
 
+// markResumed is the restore's runc.RestoreOpts.Resumed.
+func (g *gatedRestore) markResumed() { g.once.Do(func() { close(g.resumed) }) }
+
 // stop calls the restore off (at its gate: runc then removes what it
-// made) and waits for runc.
+// made) and waits for runc. A restore whose tasks CRIU resumed is not
+// called off: runc finishes (runcExitWait), and a runc killed then
+// would leave the container as it is anyway.
 func (g *gatedRestore) stop(cause error) {
+	select {
+	case <-g.resumed:
+		select {
+		case <-g.done:
+			return
+		case <-time.After(runcExitWait):
+		}
+	default:
+	}
 	g.cancel(cause)
 	<-g.done
 }
 
-// open lets CRIU in and returns the restore's outcome; when ctx ends
-// first, runc is killed.
+// runcExitWait bounds how long a restore's runc may take to exit once
+// CRIU resumed the tasks (it answers CRIU's last notification, waits for
+// CRIU to exit and exits: a few ms).
+const runcExitWait = 10 * time.Second
+
+// open lets CRIU in and returns once CRIU has resumed the restored tasks
+// (runc still finishing; stop waits for it), or with the restore's
+// failure; when ctx ends first, runc is killed.
 func (g *gatedRestore) open(ctx context.Context) error {
 	g.gate.Open()
 	select {
+	case <-g.resumed:
+		return nil
 	case <-g.done:
 	case <-ctx.Done():
 		g.stop(context.Cause(ctx))
@@ -734,7 +760,7 @@ func (in *incoming) startGated(ctx context.Context, urgent bool) error {
 		return err
 	}
 	gctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	g := &gatedRestore{gate: runc.NewGate(), lf: lf, cancel: cancel, done: make(chan struct{})}
+	g := &gatedRestore{gate: runc.NewGate(), lf: lf, cancel: cancel, resumed: make(chan struct{}), done: make(chan struct{})}
 	in.gated = g
 	// Whatever ends the migration, runc is done before the cleanup, and
 	// the output file is closed unless the restored service has it.
@@ -750,8 +776,11 @@ func (in *incoming) startGated(ctx context.Context, urgent bool) error {
 	go func() {
 		defer close(g.done)
 		o := in.restoreOpts()
-		o.Gate, o.Urgent = g.gate, urgent
+		o.Gate, o.Urgent, o.Resumed = g.gate, urgent, g.markResumed
 		_, g.err = a.rt.Restore(gctx, p.Name, a.bundle(p.Name), o, runc.IO{Stdout: lf, Stderr: lf})
+		if g.err != nil && isClosed(g.resumed) {
+			a.log.Error("restored service gone after CRIU resumed it: runc failed and the container does not run", "container", p.Name, "err", g.err)
+		}
 	}()
 	return nil
 }
@@ -1172,4 +1201,14 @@ func (a *Agent) adopt(c *container) {
 	a.mu.Lock()
 	a.containers[c.meta.Name] = c
 	a.mu.Unlock()
+}
+
+// isClosed says whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

@@ -104,7 +104,11 @@
 // (RestoreOpts.Urgent); B switches the network meanwhile (stop-and-copy;
 // the other strategies before the state comes); once the images are all
 // there B opens the
-// gate and only CRIU's restore is left. No tmpfs is left for CRIU to
+// gate and only CRIU's restore is left. B counts the service restored when
+// CRIU has resumed its tasks (runc.RestoreOpts.Resumed: CRIU's
+// stats-restore), not when runc exits a few ms later; it waits for runc
+// before the migration ends, and a runc failing after that leaves the
+// running container alone. No tmpfs is left for CRIU to
 // tar and untar (4-6 ms each, a side): the masked directories and the
 // /sys/fs/cgroup tmpfs are external mounts bound on restore to read-only
 // copies made at the agent's start (runc.ExternalMasks,

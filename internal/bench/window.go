@@ -43,7 +43,7 @@ func frozenWindow(runs []Migration) []WindowPart {
 	}
 	if len(runcRestore) == len(criuRestore) {
 		parts = append(parts,
-			WindowPart{"restore: runc", p50(runcRestore), "the destination's `runc restore` outside CRIU, from the last image on: stop-and-copy's gate opening (the images moved into place, interrupted waits rewritten), CRIU's work before its restore time starts, runc's state after CRIU and its exit (its start, CRIU's exec with the gate library, and mounting the root file system, happened before the freeze, on the live layer); the other strategies' runc starts here"},
+			WindowPart{"restore: runc", p50(runcRestore), "the destination's `runc restore` outside CRIU, from the last image on until CRIU resumed the tasks (runc.RestoreOpts.Resumed): stop-and-copy's gate opening (the images moved into place, interrupted waits rewritten), CRIU's work before its restore time starts, runc's state written at CRIU's post-restore notification (runc's start, CRIU's exec with the gate library, and mounting the root file system happened before the freeze, on the live layer; runc's exit comes after the service runs again); the other strategies' runc starts here and its exit counts"},
 			WindowPart{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link and the destination's report coming back (the other strategies: also mounting the root file system, the report's mount_ms)"})
 	} else {
 		parts = append(parts, WindowPart{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link, mounting the root file system (stop-and-copy: done before the freeze), `runc restore` outside CRIU, and the destination's report coming back"})

@@ -424,7 +424,7 @@ const MaxVolumes = 32
 
 // RestoreReport is the destination's account of its restore.
 type RestoreReport struct {
-	RestoreMs float64            `json:"restore_ms"`        // runc restore, CRIU's included
+	RestoreMs float64            `json:"restore_ms"`        // runc restore, CRIU's included, until the tasks run again
 	NetworkMs float64            `json:"network_ms"`        // the switch, done while the source dumped
 	LazyMs    float64            `json:"lazy_ms,omitempty"` // post-copy: restore until the last page arrived
 	RecvMs    float64            `json:"recv_ms"`           // receiving images and layer

@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/edgehop/edgehop/internal/criuimg"
 	"golang.org/x/sys/unix"
 )
@@ -326,6 +327,14 @@ type RestoreOpts struct {
 	// unless Urgent: the restore is already awaited.
 	Gate   *Gate
 	Urgent bool
+	// Resumed, when set, is called (once, on its own goroutine; it must
+	// not block) when CRIU has resumed the restored tasks: CRIU writes
+	// its stats-restore then, and only when the restore succeeded. runc
+	// still answers CRIU's last notification, waits for CRIU to exit and
+	// exits (a few ms); Restore returns only then. After Resumed a runc
+	// that fails leaves a running container in place: Restore returns
+	// its pid, and fails only when the container no longer runs.
+	Resumed func()
 }
 
 // useGate readies g for the runc command inv: with the shim, inv's
@@ -479,6 +488,13 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 		return nil
 	}
 	inv := invocation{op: "restore", id: id, criu: true, criuLog: logPath, group: true}
+	if o.Resumed != nil {
+		stop, err := watchResumed(work, o.Resumed, &inv)
+		if err != nil {
+			return 0, fmt.Errorf("restore %s: %w", id, err)
+		}
+		defer stop()
+	}
 	var runcPID atomic.Int64 // a gated restore's runc, once started
 	if o.Gate == nil {
 		if err := restart(); err != nil {
@@ -563,6 +579,37 @@ func (r *Runtime) Restore(ctx context.Context, id, bundle string, o RestoreOpts,
 	r.logger().Info("restored container", "id", id, "pid", pid, "took", time.Since(start),
 		"images", o.ImagePath, "lazy", o.LazyPages, "gated", o.Gate != nil)
 	return pid, nil
+}
+
+// watchResumed calls resumed when CRIU writes stats-restore into work,
+// unless inv's runc failed and its outcome was decided first: inv then
+// keeps a running container only when resumed was called (its
+// afterResume says so).
+func watchResumed(work string, resumed func(), inv *invocation) (func(), error) {
+	if err := os.Remove(filepath.Join(work, stats.StatsRestore)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, err
+	}
+	var mu sync.Mutex
+	called, decided := false, false
+	stop, err := watchWritten(work, stats.StatsRestore, func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !decided {
+			called = true
+			resumed()
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watch restore: %w", err)
+	}
+	inv.afterResume = func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		decided = true
+		return called
+	}
+	inv.pidFromState = true
+	return stop, nil
 }
 
 // AbortLazyDump makes the page server of a lazy dump at addr fail (see

@@ -15,7 +15,9 @@
 // window; a dump's Ready comes when CRIU has written its last image,
 // before runc is done. A restore can wait at a gate too
 // (RestoreOpts.Gate): runc starts, mounts and prepares on descriptors.json
-// alone, and CRIU starts once the caller has the images in place. With
+// alone, and CRIU starts once the caller has the images in place; its
+// Resumed comes when CRIU has resumed the restored tasks, before runc is
+// done, and a runc failing after that keeps a container that runs. With
 // the shim's gate library next to it (GateLibName, checked once to load
 // into this criu), the real CRIU starts before the gate and waits in the
 // library's constructor, so its exec and dynamic loading fall before the

@@ -168,6 +168,15 @@ type invocation struct {
 	// cgroups, when set, are cgroup v1 cgroups runc starts in
 	// (startIn).
 	cgroups []CgroupDir
+	// afterResume, when set, is asked once when a detaching runc
+	// (start) failed: true when CRIU had resumed the container's tasks
+	// before (RestoreOpts.Resumed), so that a container that runs is
+	// kept.
+	afterResume func() bool
+	// pidFromState makes start read the container's pid from runc's
+	// state rather than have runc write a pid file, which runc writes
+	// after CRIU resumed the tasks and, failing, kills them for.
+	pidFromState bool
 	// started, when set, is called with runc's pid once it started
 	// (with group, also its process group's id).
 	started func(pid int)
@@ -346,7 +355,10 @@ func (r *Runtime) start(ctx context.Context, inv invocation, bundle string, o IO
 	defer os.RemoveAll(tmp)
 	pidFile := filepath.Join(tmp, "pid")
 	inv.tmp = tmp
-	inv.args = append(inv.args, "--detach", "--bundle", bundle, "--pid-file", pidFile)
+	inv.args = append(inv.args, "--detach", "--bundle", bundle)
+	if !inv.pidFromState {
+		inv.args = append(inv.args, "--pid-file", pidFile)
+	}
 
 	existed := r.stateExists(inv.id)
 	child, st, err := newStreams(o, r.logger(), inv.id)
@@ -356,6 +368,15 @@ func (r *Runtime) start(ctx context.Context, inv invocation, bundle string, o IO
 	inv.stdio = &child
 	_, err = r.exec(ctx, inv)
 	child.close()
+	if err != nil && inv.afterResume != nil && inv.afterResume() {
+		// CRIU resumed the tasks before runc failed: a container that
+		// runs is kept (the caller was told it was restored).
+		if s, serr := r.State(context.Background(), inv.id); serr == nil && s.Status == "running" && s.Pid > 0 {
+			r.logger().Warn("runc failed after CRIU resumed the restored tasks; the container runs", "id", inv.id, "pid", s.Pid, "err", err)
+			r.keepStreams(inv.id, st)
+			return s.Pid, nil
+		}
+	}
 	if err != nil {
 		// runc has exited; whatever it or a half-started container wrote
 		// is drained into o.
@@ -369,26 +390,38 @@ func (r *Runtime) start(ctx context.Context, inv invocation, bundle string, o IO
 		}
 		return 0, err
 	}
-	data, err := os.ReadFile(pidFile)
-	if err == nil {
-		pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+	if inv.pidFromState {
+		var s State
+		if s, err = r.State(ctx, inv.id); err == nil {
+			pid = s.Pid
+		}
+	} else {
+		var data []byte
+		if data, err = os.ReadFile(pidFile); err == nil {
+			pid, err = strconv.Atoi(strings.TrimSpace(string(data)))
+		}
 	}
 	if err != nil {
 		// The container runs but we cannot name it: leave it to the
 		// caller (State, Delete) rather than guessing.
-		err = fmt.Errorf("runc %s %s: read pid file: %w", inv.op, inv.id, err)
+		err = fmt.Errorf("runc %s %s: read its pid: %w", inv.op, inv.id, err)
 	}
+	r.keepStreams(inv.id, st)
+	return pid, err
+}
+
+// keepStreams registers the output copiers of a started container id.
+func (r *Runtime) keepStreams(id string, st *streams) {
 	r.mu.Lock()
 	if r.streams == nil {
 		r.streams = make(map[string]*streams)
 	}
-	old := r.streams[inv.id]
-	r.streams[inv.id] = st
+	old := r.streams[id]
+	r.streams[id] = st
 	r.mu.Unlock()
 	if old != nil {
 		old.close()
 	}
-	return pid, err
 }
 
 // endStreams waits for the output copiers of id to reach end of file

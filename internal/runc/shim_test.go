@@ -246,7 +246,11 @@ func TestGatedRestore(t *testing.T) {
 
 	// restoreAtGate starts a gated restore from a directory holding only
 	// descriptors.json, as a destination has it before the images arrive.
-	restoreAtGate := func(ctx context.Context, after *syncBuffer, cgroups []runc.CgroupDir) (string, *runc.Gate, chan error) {
+	type result struct {
+		pid int
+		err error
+	}
+	restoreAtGate := func(ctx context.Context, after *syncBuffer, cgroups []runc.CgroupDir, resumed func()) (string, *runc.Gate, chan result) {
 		t.Helper()
 		dir := filepath.Join(t.TempDir(), "in")
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -256,15 +260,16 @@ func TestGatedRestore(t *testing.T) {
 			t.Fatalf("cp: %v %s", err, out)
 		}
 		g := runc.NewGate()
-		done := make(chan error, 1)
+		done := make(chan result, 1)
 		go func() {
-			_, err := r.Restore(ctx, id, bundle, runc.RestoreOpts{ImagePath: dir, WorkPath: dir + "-work", Gate: g, Cgroups: cgroups}, runc.IO{Stdout: after, Stderr: after})
-			done <- err
+			pid, err := r.Restore(ctx, id, bundle, runc.RestoreOpts{ImagePath: dir, WorkPath: dir + "-work", Gate: g, Cgroups: cgroups, Resumed: resumed},
+				runc.IO{Stdout: after, Stderr: after})
+			done <- result{pid, err}
 		}()
 		select {
 		case <-g.Ready():
-		case err := <-done:
-			t.Fatalf("restore ended before its gate: %v", err)
+		case res := <-done:
+			t.Fatalf("restore ended before its gate: %v", res.err)
 		case <-time.After(30 * time.Second):
 			t.Fatal("no restore at the gate after 30 s")
 		}
@@ -274,13 +279,15 @@ func TestGatedRestore(t *testing.T) {
 	// Called off at the gate.
 	cctx, cancel := context.WithCancel(ctx)
 	var after syncBuffer
-	_, _, done := restoreAtGate(cctx, &after, nil)
+	resumed := make(chan struct{}, 3)
+	onResumed := func() { resumed <- struct{}{} }
+	_, _, done := restoreAtGate(cctx, &after, nil, onResumed)
 	if _, err := r.State(ctx, id); err == nil {
 		// runc registers the container only once CRIU restored it.
 		t.Log("runc lists the container while CRIU waits at the gate")
 	}
 	cancel()
-	if err := <-done; err == nil {
+	if res := <-done; res.err == nil {
 		t.Fatal("restore called off at its gate succeeded")
 	}
 	assertGone(t, r, id, "", spec.CgroupsPath)
@@ -288,17 +295,20 @@ func TestGatedRestore(t *testing.T) {
 	// Opened with a core image that cannot be read (a directory): CRIU
 	// is called off with the rewrite's reason.
 	var after2 syncBuffer
-	dir, g, done := restoreAtGate(ctx, &after2, nil)
+	dir, g, done := restoreAtGate(ctx, &after2, nil, onResumed)
 	if err := os.Mkdir(filepath.Join(dir, "core-1.img"), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	g.Open()
-	err := <-done
+	err := (<-done).err
 	t.Logf("restore whose images could not be prepared: %v", err)
 	if err == nil || !strings.Contains(err.Error(), "core-1.img") {
 		t.Errorf("restore with an unreadable core image: %v, want the rewrite's failure", err)
 	}
 	assertGone(t, r, id, "", spec.CgroupsPath)
+	if len(resumed) > 0 {
+		t.Fatal("a restore that failed said CRIU resumed its tasks")
+	}
 
 	// Opened once the images are there; runc started in the container's
 	// cgroups, whose CPU share is low until the gate opens.
@@ -321,7 +331,7 @@ func TestGatedRestore(t *testing.T) {
 		}
 	}
 	var after3 syncBuffer
-	dir, g, done = restoreAtGate(ctx, &after3, cgroups)
+	dir, g, done = restoreAtGate(ctx, &after3, cgroups, onResumed)
 	if shares != "" {
 		if b, err := os.ReadFile(shares); err != nil || strings.TrimSpace(string(b)) != "110" {
 			t.Errorf("at the gate, %s = %q (%v), want 110", shares, b, err)
@@ -336,9 +346,18 @@ func TestGatedRestore(t *testing.T) {
 			t.Fatalf("cp: %v %s", err, out)
 		}
 	}
+	// Resumed comes once CRIU resumed the tasks, before runc is done;
+	// the pid is the one runc records.
 	g.Open()
-	if err := <-done; err != nil {
-		t.Fatal(err)
+	res := <-done
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	if len(resumed) != 1 {
+		t.Errorf("a restore that succeeded said %d times that CRIU resumed its tasks, want once", len(resumed))
+	}
+	if st, err := r.State(ctx, id); err != nil || st.Pid != res.pid || st.Status != "running" {
+		t.Errorf("restored pid %d; runc state %+v, %v", res.pid, st, err)
 	}
 	consecutive(t, "after the gated restore", waitCount(t, &after3, 3), last[len(last)-1]+1)
 	if shares != "" {
