@@ -428,12 +428,12 @@ func (in *incoming) receiveLiveLayer(ctx context.Context, ll migration.LiveLayer
 
 // receiveLayerDelta receives, in the frozen window, what changed in the
 // writable layer since its live copy. When applying it would change
-// nothing (layerMatch.unchanged: the service wrote nothing to its layer since),
-// the restore started on the live copy goes on; when it only changes
-// existing files, they are rewritten in place under the mounted root
-// file system (layerMatch.applyInPlace) and the restore goes on too; otherwise the
-// restore is called off, the root file system unmounted, the delta
-// applied and the restore started again.
+// nothing (layerMatch.unchanged: the service wrote nothing to its layer
+// since), the restore started on the live copy goes on; when it only
+// changes existing files, they are rewritten in place under the mounted
+// root file system (layerMatch.applyInPlace) and the restore goes on too;
+// otherwise the restore is called off, the root file system unmounted,
+// the delta applied and the restore started again.
 func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 	var ld LayerDelta
 	if err := expect(ctx, in.conn, msgLayerDelta, &ld); err != nil {

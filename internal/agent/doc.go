@@ -95,9 +95,10 @@
 // images; a snapshot's time is read from the layer's own file system, so
 // only entries changed within 50 ms of it are sent again whatever its
 // timestamps' granularity). B keeps its runc when the delta changes
-// nothing (layerMatch.unchanged), rewrites changed files in place when no entry
-// is added, removed or replaced (layerMatch.applyInPlace: the mounted overlay caches
-// which entries exist, not their contents), and otherwise calls its runc
+// nothing (layerMatch.unchanged), rewrites changed files in place when no
+// entry is added, removed or replaced (layerMatch.applyInPlace: the
+// mounted overlay caches which entries exist, not their contents), and
+// otherwise calls its runc
 // off (out of the container's cgroups first, so that it removes them at
 // once), unmounts (the sync before the freeze left little to write),
 // applies the delta and starts runc again at full priority
