@@ -445,10 +445,16 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 	if _, err := in.conn.RecvDir(ctx, tmp, transfer.RecvOptions{MaxBytes: limit}); err != nil {
 		return fmt.Errorf("receive writable layer delta: %w", err)
 	}
+	lp, err := recvPatches(ctx, in.conn, tmp, ld.Patched, limit)
+	defer lp.remove()
+	if err != nil {
+		return err
+	}
 	m, err := matchLayer(in.upper, tmp, ld.Keep)
 	if err != nil {
 		return fmt.Errorf("writable layer delta: %w", err)
 	}
+	m.lp = lp
 	why, err := m.unchanged()
 	if err != nil {
 		return fmt.Errorf("writable layer delta: %w", err)
@@ -475,6 +481,9 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 		return fmt.Errorf("unmount the root file system: %w", err)
 	}
 	a.log.Info("the writable layer changed since its live copy: restore started again on the new one", "container", name, "change", why, "entries", ld.Changed, "stop_unmount", time.Since(t))
+	if err := lp.materialize(in.upper, tmp); err != nil {
+		return err
+	}
 	if err := applyLayerDelta(in.upper, tmp, ld.Keep); err != nil {
 		return fmt.Errorf("apply writable layer delta: %w", err)
 	}
@@ -613,7 +622,7 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 			return err
 		}
 	} else if in.store != nil {
-		if err := recvLayerDelta(ctx, in.conn, in.upper); err != nil {
+		if err := recvLayerDelta(ctx, in.conn, in.upper, limit); err != nil {
 			return fmt.Errorf("receive writable layer delta: %w", err)
 		}
 	} else if _, err := in.conn.RecvDir(ctx, in.upper, transfer.RecvOptions{MaxBytes: limit}); err != nil {

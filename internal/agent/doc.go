@@ -94,7 +94,11 @@
 // copy (sendLayerDelta; stop-and-copy while CRIU dumps, before the
 // images; a snapshot's time is read from the layer's own file system, so
 // only entries changed within 50 ms of it are sent again whatever its
-// timestamps' granularity). B keeps its runc when the delta changes
+// timestamps' granularity). A large file that changed in part (a
+// database's redo log, its tables) goes as the 64 KiB blocks that differ
+// from what the live copy sent (diffLayer, package blockdiff: A hashed
+// each block as it sent it), its entry in the delta an empty stand-in
+// with its metadata; B applies the blocks to its copy. B keeps its runc when the delta changes
 // nothing (layerMatch.unchanged), rewrites changed files in place when no
 // entry is added, removed or replaced (layerMatch.applyInPlace: the
 // mounted overlay caches which entries exist, not their contents), and

@@ -17,7 +17,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgehop/edgehop/internal/blockdiff"
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
 
@@ -147,6 +149,11 @@ type LayerDelta struct {
 	Keep []string `json:"keep"`
 	// Changed counts the entries the delta stream carries.
 	Changed int `json:"changed"`
+	// Patched lists the changed files that go as the blocks that changed
+	// since their live copy (diffLayer): the delta stream carries each as
+	// an empty file with its metadata, and one stream after it the
+	// patches' data, in this order.
+	Patched []blockdiff.Patch `json:"patched,omitempty"`
 }
 
 // buildLayerDelta makes a hidden sibling of root holding the changed
@@ -154,7 +161,8 @@ type LayerDelta struct {
 // attributes (overlayfs' opaque markers), everything else hard-linked, so
 // a SendDir of it in overlay mode carries exactly the changes. The caller
 // removes the returned directory.
-func buildLayerDelta(root string, changed []string) (string, error) {
+// A patched file (diffLayer) is an empty file with its metadata.
+func buildLayerDelta(root string, changed []string, patched map[string]bool) (string, error) {
 	dir, err := os.MkdirTemp(filepath.Dir(root), "."+filepath.Base(root)+"-delta-")
 	if err != nil {
 		return "", err
@@ -177,11 +185,88 @@ func buildLayerDelta(root string, changed []string) (string, error) {
 			}
 			continue
 		}
+		if patched[rel] {
+			f, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+			if err == nil {
+				err = f.Close()
+			}
+			if err == nil {
+				err = copyMeta(src, dst, fi)
+			}
+			if err != nil {
+				return dir, fmt.Errorf("layer delta: %w", err)
+			}
+			continue
+		}
 		if err := os.Link(src, dst); err != nil {
 			return dir, fmt.Errorf("layer delta: %w", err)
 		}
 	}
 	return dir, nil
+}
+
+// patchWorth is how much of a file may have changed for it to go as a
+// patch: beyond, it goes whole.
+const patchWorth = 0.5
+
+// diffLayer finds, among the changed entries of root, the files sums
+// holds a record of (as sent in the live copy), single-linked, that
+// changed in less than patchWorth of their bytes, and returns their
+// patches with the files open for the patches' data (the caller closes
+// them). The layer must not change until their data is sent: the service
+// is frozen.
+func diffLayer(root string, changed []string, sums *blockdiff.Index) ([]blockdiff.Patch, []*os.File, error) {
+	if sums == nil {
+		return nil, nil, nil
+	}
+	var patches []blockdiff.Patch
+	var files []*os.File
+	for _, rel := range changed {
+		var st unix.Stat_t
+		if err := unix.Lstat(filepath.Join(root, rel), &st); err != nil {
+			return patches, files, err
+		}
+		if st.Mode&unix.S_IFMT != unix.S_IFREG || st.Nlink != 1 || st.Size < blockdiff.MinSize {
+			continue
+		}
+		f, err := linux.OpenInRoot(root, rel, unix.O_RDONLY|unix.O_NOFOLLOW)
+		if err != nil {
+			return patches, files, err
+		}
+		p, ok, err := sums.Diff(filepath.ToSlash(rel), f)
+		if err != nil || !ok || float64(p.DataLen()) > patchWorth*float64(p.Size) {
+			f.Close()
+			if err != nil {
+				return patches, files, err
+			}
+			continue
+		}
+		p.Path = rel
+		patches, files = append(patches, p), append(files, f)
+	}
+	return patches, files, nil
+}
+
+// teeSums is the transfer.SendOptions.Tee that records the layer's
+// single-linked large files in sums as sent.
+func teeSums(sums *blockdiff.Index) func(string, fs.FileInfo) io.Writer {
+	return func(rel string, fi fs.FileInfo) io.Writer {
+		if st, ok := fi.Sys().(*syscall.Stat_t); !ok || st.Nlink != 1 {
+			return nil
+		}
+		return sums.Writer(rel, fi.Size())
+	}
+}
+
+// patchData reads the patches' data from their files, in order.
+func patchData(patches []blockdiff.Patch, files []*os.File) io.Reader {
+	var rs []io.Reader
+	for i, p := range patches {
+		for _, r := range p.Ranges {
+			rs = append(rs, io.NewSectionReader(files[i], r.Off, r.Len))
+		}
+	}
+	return io.MultiReader(rs...)
 }
 
 // ensureParents creates rel's missing parent directories under dir as
@@ -305,6 +390,8 @@ type layerMatch struct {
 	have, want int
 	sameSet    bool
 	rels       []string // the delta's entries, sorted
+	// lp are the patched files: their entries in delta are stand-ins.
+	lp layerPatches
 }
 
 // matchLayer walks root and delta once for unchanged and applyInPlace.
@@ -344,6 +431,9 @@ func (m layerMatch) unchanged() (string, error) {
 		return fmt.Sprintf("entries added or removed (%d, was %d)", m.want, m.have), nil
 	}
 	for _, rel := range m.rels {
+		if _, ok := m.lp.at[rel]; ok {
+			return rel + ": patched", nil
+		}
 		if why, err := sameEntry(filepath.Join(m.delta, rel), filepath.Join(m.root, rel)); err != nil || why != "" {
 			return rel + ": " + why, err
 		}
@@ -474,7 +564,11 @@ func (m layerMatch) applyInPlace() (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if fi.Mode().IsRegular() {
+		if i, ok := m.lp.at[rel]; ok && fi.Mode().IsRegular() {
+			if err := m.patchInPlace(i); err != nil {
+				return false, err
+			}
+		} else if fi.Mode().IsRegular() {
 			if why, err := sameEntry(src, dst); err != nil {
 				return false, err
 			} else if why != "" {
@@ -490,6 +584,20 @@ func (m layerMatch) applyInPlace() (bool, error) {
 		}
 	}
 	return true, nil
+}
+
+// patchInPlace applies patch i to root's copy of its file.
+func (m layerMatch) patchInPlace(i int) error {
+	rel := m.lp.patches[i].Path
+	f, err := linux.OpenInRoot(m.root, rel, unix.O_WRONLY|unix.O_NOFOLLOW)
+	if err != nil {
+		return err
+	}
+	if err := m.lp.apply(i, f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }
 
 // rewriteFile makes the existing file dst hold src's bytes, in place
@@ -594,29 +702,65 @@ func applyLayerDelta(root, delta string, keep []string) error {
 
 // sendLayerDelta is the source's frozen-window half of storage pre-copy:
 // what changed in root since before, and the list of what is left.
-func sendLayerDelta(ctx context.Context, conn *transfer.Conn, root string, before layerSnapshot, opts transfer.SendOptions) (transfer.Stats, int, error) {
+func sendLayerDelta(ctx context.Context, conn *transfer.Conn, root string, before layerSnapshot, sums *blockdiff.Index, opts transfer.SendOptions) (deltaSent, error) {
 	now, err := listLayer(root)
 	if err != nil {
-		return transfer.Stats{}, 0, err
+		return deltaSent{}, err
 	}
 	changed := now.changedSince(before)
-	dir, err := buildLayerDelta(root, changed)
+	patches, files, err := diffLayer(root, changed, sums)
+	defer func() {
+		for _, f := range files {
+			f.Close()
+		}
+	}()
+	if err != nil {
+		return deltaSent{}, fmt.Errorf("layer delta: %w", err)
+	}
+	patched := map[string]bool{}
+	for _, p := range patches {
+		patched[p.Path] = true
+	}
+	dir, err := buildLayerDelta(root, changed, patched)
 	if dir != "" {
 		defer os.RemoveAll(dir)
 	}
 	if err != nil {
-		return transfer.Stats{}, 0, err
+		return deltaSent{}, err
 	}
-	if err := conn.WriteMsg(ctx, msgLayerDelta, LayerDelta{Keep: now.paths(), Changed: len(changed)}); err != nil {
-		return transfer.Stats{}, 0, err
+	if err := conn.WriteMsg(ctx, msgLayerDelta, LayerDelta{Keep: now.paths(), Changed: len(changed), Patched: patches}); err != nil {
+		return deltaSent{}, err
 	}
-	opts.Name, opts.Overlay = "upper-delta", true
-	st, err := conn.SendDir(ctx, dir, opts)
-	return st, len(changed), err
+	opts.Name, opts.Overlay, opts.Tee = "upper-delta", true, nil
+	ds := deltaSent{changed: len(changed), patched: len(patches)}
+	ds.st, err = conn.SendDir(ctx, dir, opts)
+	if err != nil || len(patches) == 0 {
+		return ds, err
+	}
+	opts.Name, opts.Overlay = "upper-blocks", false
+	bst, err := conn.SendStream(ctx, patchData(patches, files), opts)
+	ds.st.WireBytes += bst.WireBytes
+	ds.st.PayloadBytes += bst.PayloadBytes
+	ds.patchBytes = bst.PayloadBytes
+	return ds, err
+}
+
+// deltaSent is what sendLayerDelta sent.
+type deltaSent struct {
+	st         transfer.Stats
+	changed    int   // entries sent again
+	patched    int   // of them, files sent as patches
+	patchBytes int64 // the patches' data
+}
+
+// report adds what the delta sent to a migration's result.
+func (ds deltaSent) report(res *migration.Result) {
+	res.LayerPatched += ds.patched
+	res.LayerPatchBytes += ds.patchBytes
 }
 
 // recvLayerDelta is the destination's half: root holds the live copy.
-func recvLayerDelta(ctx context.Context, conn *transfer.Conn, root string) error {
+func recvLayerDelta(ctx context.Context, conn *transfer.Conn, root string, limit int64) error {
 	var ld LayerDelta
 	if err := expect(ctx, conn, msgLayerDelta, &ld); err != nil {
 		return err
@@ -624,10 +768,138 @@ func recvLayerDelta(ctx context.Context, conn *transfer.Conn, root string) error
 	tmp := root + "-delta"
 	_ = os.RemoveAll(tmp)
 	defer os.RemoveAll(tmp)
-	if _, err := conn.RecvDir(ctx, tmp, transfer.RecvOptions{}); err != nil {
+	if _, err := conn.RecvDir(ctx, tmp, transfer.RecvOptions{MaxBytes: limit}); err != nil {
+		return err
+	}
+	lp, err := recvPatches(ctx, conn, tmp, ld.Patched, limit)
+	defer lp.remove()
+	if err == nil {
+		err = lp.materialize(root, tmp)
+	}
+	if err != nil {
 		return err
 	}
 	return applyLayerDelta(root, tmp, ld.Keep)
+}
+
+// layerPatches are the patched files of a received layer delta
+// (LayerDelta.Patched) with their data.
+type layerPatches struct {
+	patches []blockdiff.Patch
+	at      map[string]int // path → index in patches
+	offs    []int64        // each patch's data offset in data
+	data    string         // the file of their data
+}
+
+// recvPatches checks the delta's patches against it (tmp, received) and
+// receives their data. Each patched file must be an empty regular file
+// in the delta (its stand-in, carrying its metadata).
+func recvPatches(ctx context.Context, conn *transfer.Conn, tmp string, patches []blockdiff.Patch, limit int64) (layerPatches, error) {
+	lp := layerPatches{patches: patches, at: map[string]int{}}
+	if len(patches) == 0 {
+		return lp, nil
+	}
+	var total int64
+	for i, p := range patches {
+		if err := p.Check(limit); err != nil {
+			return lp, fmt.Errorf("writable layer delta: %w", err)
+		}
+		if _, dup := lp.at[p.Path]; dup {
+			return lp, fmt.Errorf("writable layer delta: %s patched twice", p.Path)
+		}
+		lp.at[p.Path] = i
+		f, err := linux.OpenInRoot(tmp, p.Path, unix.O_RDONLY|unix.O_NOFOLLOW)
+		if err != nil {
+			return lp, fmt.Errorf("writable layer delta: patched %s not in the delta: %w", p.Path, err)
+		}
+		fi, err := f.Stat()
+		f.Close()
+		if err != nil {
+			return lp, err
+		}
+		if !fi.Mode().IsRegular() || fi.Size() != 0 {
+			return lp, fmt.Errorf("writable layer delta: patched %s is not an empty file in the delta", p.Path)
+		}
+		lp.offs = append(lp.offs, total)
+		if total += p.DataLen(); total > limit {
+			return lp, fmt.Errorf("writable layer delta: patches' data over %d bytes", limit)
+		}
+	}
+	lp.data = tmp + "-blocks"
+	st, err := conn.RecvFile(ctx, lp.data, transfer.RecvOptions{MaxBytes: total})
+	if err != nil {
+		return lp, fmt.Errorf("writable layer delta: patches' data: %w", err)
+	}
+	if st.PayloadBytes != total {
+		return lp, fmt.Errorf("writable layer delta: patches' data is %d bytes, want %d", st.PayloadBytes, total)
+	}
+	return lp, nil
+}
+
+// remove removes the patches' data.
+func (lp layerPatches) remove() {
+	if lp.data != "" {
+		_ = os.Remove(lp.data)
+	}
+}
+
+// apply applies patch i to dst, opened for writing.
+func (lp layerPatches) apply(i int, dst *os.File) error {
+	fi, err := dst.Stat()
+	if err != nil {
+		return err
+	}
+	p := lp.patches[i]
+	if !fi.Mode().IsRegular() {
+		return fmt.Errorf("patch %s: this side's copy is not a regular file", p.Path)
+	}
+	data, err := os.Open(lp.data)
+	if err != nil {
+		return err
+	}
+	defer data.Close()
+	return blockdiff.Apply(dst, p, io.NewSectionReader(data, lp.offs[i], p.DataLen()))
+}
+
+// materialize makes each patched file's stand-in in delta the whole
+// file: root's copy with the patch applied, its metadata kept.
+func (lp layerPatches) materialize(root, delta string) error {
+	for i, p := range lp.patches {
+		if err := lp.materializeOne(i, root, delta); err != nil {
+			return fmt.Errorf("writable layer delta: %s: %w", p.Path, err)
+		}
+	}
+	return nil
+}
+
+func (lp layerPatches) materializeOne(i int, root, delta string) error {
+	rel := lp.patches[i].Path
+	src, err := linux.OpenInRoot(root, rel, unix.O_RDONLY|unix.O_NOFOLLOW)
+	if err != nil {
+		return fmt.Errorf("this side's copy: %w", err)
+	}
+	defer src.Close()
+	if fi, err := src.Stat(); err != nil {
+		return err
+	} else if !fi.Mode().IsRegular() {
+		return errors.New("this side's copy is not a regular file")
+	}
+	dst, err := linux.OpenInRoot(delta, rel, unix.O_WRONLY|unix.O_NOFOLLOW)
+	if err != nil {
+		return err
+	}
+	defer dst.Close()
+	var st unix.Stat_t
+	if err := unix.Fstat(int(dst.Fd()), &st); err != nil {
+		return err
+	}
+	if _, err := io.Copy(dst, src); err != nil {
+		return err
+	}
+	if err := lp.apply(i, dst); err != nil {
+		return err
+	}
+	return linux.Lutimes(filepath.Join(delta, rel), time.Unix(0, st.Atim.Nano()), time.Unix(0, st.Mtim.Nano()))
 }
 
 // msgLayerDelta (S→D LayerDelta) precedes the layer's delta stream.

@@ -120,8 +120,9 @@ func TestLayerDelta(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	go func() { errc <- recvLayerDelta(ctx, r, dst) }()
-	st, n, err := sendLayerDelta(ctx, s, src, before, transfer.SendOptions{})
+	go func() { errc <- recvLayerDelta(ctx, r, dst, 1<<30) }()
+	ds, err := sendLayerDelta(ctx, s, src, before, nil, transfer.SendOptions{})
+	st, n := ds.st, ds.changed
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,13 +134,17 @@ func TestLayerDelta(t *testing.T) {
 	}
 	t.Logf("delta: %d entries, %d payload bytes", n, st.PayloadBytes)
 	sameTree(t, src, dst)
+	var s1, s2 unix.Stat_t
+	if unix.Stat(filepath.Join(dst, "h"), &s1) != nil || unix.Stat(filepath.Join(dst, "a/f1"), &s2) != nil || s1.Ino != s2.Ino {
+		t.Errorf("hard link h = a/f1 not kept")
+	}
 	if _, err := os.Stat(dst + "-delta"); !os.IsNotExist(err) {
 		t.Errorf("receiver left its delta directory: %v", err)
 	}
 }
 
 // sameTree fails unless b holds exactly a's entries with a's types,
-// modes, contents, extended attributes and hard links.
+// modes, mtimes (but directories'), contents and extended attributes.
 func sameTree(t *testing.T, a, b string) {
 	t.Helper()
 	sa, err := snapshotLayer(a)
@@ -162,6 +167,9 @@ func sameTree(t *testing.T, a, b string) {
 		if ea.mode != eb.mode || ea.size != eb.size {
 			t.Errorf("%s: mode %o size %d, want %o %d", p, eb.mode, eb.size, ea.mode, ea.size)
 		}
+		if ea.mode&unix.S_IFMT != unix.S_IFDIR && ea.mtime != eb.mtime {
+			t.Errorf("%s: mtime %d, want %d", p, eb.mtime, ea.mtime)
+		}
 		if ea.mode&unix.S_IFMT == unix.S_IFREG {
 			da, _ := os.ReadFile(filepath.Join(a, p))
 			db, _ := os.ReadFile(filepath.Join(b, p))
@@ -175,10 +183,6 @@ func sameTree(t *testing.T, a, b string) {
 		if !bytes.Equal(xa[:max(na, 0)], xb[:max(nb, 0)]) {
 			t.Errorf("%s: xattrs %q, want %q", p, xb[:max(nb, 0)], xa[:max(na, 0)])
 		}
-	}
-	var s1, s2 unix.Stat_t
-	if unix.Stat(filepath.Join(b, "h"), &s1) != nil || unix.Stat(filepath.Join(b, "a/f1"), &s2) != nil || s1.Ino != s2.Ino {
-		t.Errorf("hard link h = a/f1 not kept")
 	}
 }
 
@@ -224,7 +228,8 @@ func TestLayerUnchanged(t *testing.T) {
 			why, err = layerUnchanged(dst, tmp, ld.Keep)
 			errc <- err
 		}()
-		_, n, err := sendLayerDelta(ctx, s, src, before, transfer.SendOptions{Overlay: true})
+		ds, err := sendLayerDelta(ctx, s, src, before, nil, transfer.SendOptions{Overlay: true})
+		n := ds.changed
 		if err != nil {
 			t.Fatal(err)
 		}

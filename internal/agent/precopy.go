@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/blockdiff"
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/precopy"
@@ -28,8 +29,8 @@ const (
 // memory in live rounds, to the destination (the source side of
 // pre-copy). The service is never frozen here. It returns the Source for
 // the final delta, the layer's state as it was sent, and what the rounds
-// did (never nil).
-func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int, send transfer.SendOptions) (*precopy.Source, layerSnapshot, *migration.Precopy, error) {
+// did (never nil). sums records the layer's large files as sent.
+func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name string, rounds int, send transfer.SendOptions, sums *blockdiff.Index) (*precopy.Source, layerSnapshot, *migration.Precopy, error) {
 	pc := &migration.Precopy{}
 	upper := filepath.Join(a.dir(name), "upper")
 	layer, err := snapshotLayer(upper)
@@ -40,7 +41,7 @@ func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name str
 		return nil, layer, pc, err
 	}
 	lopts := send
-	lopts.Name, lopts.Overlay, lopts.Live = "upper-live", true, true
+	lopts.Name, lopts.Overlay, lopts.Live, lopts.Tee = "upper-live", true, true, teeSums(sums)
 	lst, err := conn.SendDir(ctx, upper, lopts)
 	pc.LayerBytes = lst.WireBytes
 	if err != nil {

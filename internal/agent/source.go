@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/blockdiff"
 	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/lazyproxy"
 	"github.com/edgehop/edgehop/internal/linux"
@@ -173,6 +174,9 @@ type outgoing struct {
 	pageToken string
 	pre       *precopy.Source
 	layer     layerSnapshot
+	// layerSums has the blocks of the layer's large files as the live
+	// copy sent them: their changes go as patches (diffLayer).
+	layerSums *blockdiff.Index
 	lazyStats lazyproxy.Stats
 	paused    bool
 	budget    time.Duration
@@ -222,7 +226,7 @@ func (f *finalSend) halt() {
 // freeze itself sends it after the dump, still before the images.)
 type earlySend struct {
 	done  chan struct{} // closed with layer and err set
-	layer transfer.Stats
+	layer deltaSent
 	err   error
 }
 
@@ -244,13 +248,14 @@ func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("writable layer: %w", err)
 		}
-		opts.Name, opts.Overlay = "upper", true
+		sums := blockdiff.NewIndex()
+		opts.Name, opts.Overlay, opts.Tee = "upper", true, teeSums(sums)
 		st, err := o.conn.SendDir(ctx, upper, opts)
 		if err != nil {
 			return fmt.Errorf("send writable layer: %w", err)
 		}
 		o.addSent(st)
-		o.layer = snap
+		o.layer, o.layerSums = snap, sums
 	}
 	opts.Name, opts.Overlay = "descriptors", false
 	st, err := o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts)
@@ -283,7 +288,7 @@ func (o *outgoing) startEarly() {
 		opts.Name, opts.Overlay = "upper", true
 		upper := filepath.Join(o.a.dir(o.rec.Container), "upper")
 		var err error
-		if e.layer, _, err = sendLayerDelta(ctx, o.conn, upper, o.layer, opts); err != nil {
+		if e.layer, err = sendLayerDelta(ctx, o.conn, upper, o.layer, o.layerSums, opts); err != nil {
 			e.err = fmt.Errorf("send writable layer delta: %w", err)
 		}
 	}()
@@ -554,7 +559,8 @@ func (o *outgoing) prepare(ctx context.Context) error {
 // rounds runs the live rounds; the service keeps running.
 func (o *outgoing) rounds(ctx context.Context) error {
 	var err error
-	o.pre, o.layer, o.res.Precopy, err = o.a.precopyRounds(ctx, o.conn, o.rec.Container, o.req.Rounds, o.send)
+	o.layerSums = blockdiff.NewIndex()
+	o.pre, o.layer, o.res.Precopy, err = o.a.precopyRounds(ctx, o.conn, o.rec.Container, o.req.Rounds, o.send, o.layerSums)
 	o.res.BytesOnWire += o.res.Precopy.LayerBytes
 	for _, r := range o.res.Precopy.Rounds {
 		o.res.BytesOnWire += r.Bytes
@@ -935,7 +941,8 @@ func (o *outgoing) sendState() error {
 				o.startEarly()
 			}
 			<-o.early.done
-			o.addSent(o.early.layer)
+			o.addSent(o.early.layer.st)
+			o.early.layer.report(&o.res)
 			if o.early.err != nil {
 				return o.peerReason(o.early.err)
 			}
@@ -954,9 +961,11 @@ func (o *outgoing) sendState() error {
 		// The layer went first, while CRIU dumped.
 	} else if o.pre != nil {
 		// Only what changed since the live copy, and what is left.
-		var n int
-		st2, n, err = sendLayerDelta(ctx, o.conn, filepath.Join(a.dir(name), "upper"), o.layer, opts)
-		o.res.Precopy.LayerChanged = n
+		var ds deltaSent
+		ds, err = sendLayerDelta(ctx, o.conn, filepath.Join(a.dir(name), "upper"), o.layer, o.layerSums, opts)
+		st2 = ds.st
+		o.res.Precopy.LayerChanged = ds.changed
+		ds.report(&o.res)
 	} else {
 		st2, err = o.conn.SendDir(ctx, filepath.Join(a.dir(name), "upper"), opts)
 	}

@@ -1078,7 +1078,11 @@ func TestMixedUsersMigrate(t *testing.T) {
 // back (the layer goes live too). Each time the destination's restore
 // starts on the live layer: the first service's files come and go, so its
 // restore starts again on the delta; the second's one file is rewritten
-// in place. Afterwards both must keep reporting "ok", never "BAD".
+// in place. A third writes its counter into one of 48 blocks of a 4 MiB
+// file of random bytes in turn, and checks before each write that the
+// block holds what it wrote there 48 turns before: that file changes in
+// part, so it crosses in the frozen window as its changed blocks.
+// Afterwards all three must keep reporting "ok", never "BAD".
 func TestWritableLayerMigrates(t *testing.T) {
 	e := newEnv(t)
 	servicesTestbed(e)
@@ -1086,8 +1090,13 @@ func TestWritableLayerMigrates(t *testing.T) {
 if [ $((i % 100)) = 0 ]; then n=$(wc -l < /w/log); m=$(ls /w | grep -c '^f'); if [ "$n" = "$i" ] && [ "$m" = 20 ]; then echo "ok $i"; else echo "BAD $i lines=$n files=$m"; fi; fi; sleep 0.005; done`
 	const rewrite = `i=0; echo 0 > /c; while :; do j=$(cat /c); if [ "$j" != "$i" ]; then echo "BAD $i file=$j"; fi; i=$((i+1)); echo $i > /c;
 if [ $((i % 100)) = 0 ]; then echo "ok $i"; fi; sleep 0.005; done`
+	const blocks = `head -c 4194304 /dev/urandom > /big; i=0; while :; do i=$((i+1)); o=$(( (i % 48) * 65536 + 100 ));
+if [ $i -gt 48 ]; then v=$(dd if=/big bs=1 skip=$o count=8 2>/dev/null); if [ "$v" != "$(printf %08d $((i-48)))" ]; then echo "BAD $i at $o: $v"; fi; fi;
+printf %08d $i | dd of=/big bs=1 seek=$o conv=notrunc 2>/dev/null;
+if [ $((i % 100)) = 0 ]; then n=$(wc -c < /big); if [ "$n" = 4194304 ]; then echo "ok $i"; else echo "BAD $i size $n"; fi; fi; sleep 0.005; done`
 	e.runService("w", "sh", "-c", script)
 	e.runService("c", "sh", "-c", rewrite)
+	e.runService("p", "sh", "-c", blocks)
 	waitLog := func(name, what string, after int) int {
 		t.Helper()
 		deadline := time.Now().Add(30 * time.Second)
@@ -1110,13 +1119,15 @@ if [ $((i % 100)) = 0 ]; then echo "ok $i"; fi; sleep 0.005; done`
 		t.Fatalf("%s: no new ok line from %s after %d", what, name, after)
 		return 0
 	}
-	seen := map[string]int{"w": waitLog("w", "before migrating", 200), "c": waitLog("c", "before migrating", 200)}
+	seen := map[string]int{"w": waitLog("w", "before migrating", 200), "c": waitLog("c", "before migrating", 200), "p": waitLog("p", "before migrating", 100)}
 	live := map[string][]string{}
 	for i, m := range []struct{ strategy, to string }{{"pre-copy", "node1"}, {"pre-copy", "node0"}, {"stop-and-copy", "node1"}, {"stop-and-copy", "node0"}} {
-		for _, name := range []string{"w", "c"} {
+		for _, name := range []string{"w", "c", "p"} {
 			var res struct {
 				serviceMig
-				Precopy struct {
+				LayerPatched    int   `json:"layer_patched"`
+				LayerPatchBytes int64 `json:"layer_patch_bytes"`
+				Precopy         struct {
 					LayerBytes   int64 `json:"layer_bytes"`
 					LayerChanged int   `json:"layer_changed"`
 				} `json:"precopy"`
@@ -1131,7 +1142,10 @@ if [ $((i % 100)) = 0 ]; then echo "ok $i"; fi; sleep 0.005; done`
 			if m.strategy == "pre-copy" && (res.Precopy.LayerBytes <= 0 || res.Precopy.LayerChanged <= 0) {
 				t.Errorf("migration %d of %s: layer sent live %d B, %d entries again: the live copy or the delta did not happen", i, name, res.Precopy.LayerBytes, res.Precopy.LayerChanged)
 			}
-			t.Logf("migration %d of %s -> %s (%s): downtime %.1f ms, live layer %q", i, name, m.to, m.strategy, res.DowntimeMs, res.Destination.LiveLayer)
+			t.Logf("migration %d of %s -> %s (%s): downtime %.1f ms, live layer %q, %d files patched (%d bytes)", i, name, m.to, m.strategy, res.DowntimeMs, res.Destination.LiveLayer, res.LayerPatched, res.LayerPatchBytes)
+			if name == "p" && (res.LayerPatched != 1 || res.LayerPatchBytes <= 0 || res.LayerPatchBytes > 1<<20) {
+				t.Errorf("migration %d of p: %d files patched with %d bytes, want its 4 MiB file as its changed blocks (under 1 MiB)", i, res.LayerPatched, res.LayerPatchBytes)
+			}
 			live[name] = append(live[name], res.Destination.LiveLayer)
 			// The log restarts on the new node; the counter goes on.
 			seen[name] = waitLog(name, fmt.Sprintf("after migration %d", i), seen[name])
@@ -1140,5 +1154,8 @@ if [ $((i % 100)) = 0 ]; then echo "ok $i"; fi; sleep 0.005; done`
 	// Files come and go in w's layer; c's one file changes in place.
 	if !slices.Contains(live["w"], "restarted") || !slices.Contains(live["c"], "rewritten") || slices.Contains(live["w"], "") || slices.Contains(live["c"], "") {
 		t.Errorf("restores on the live layer: w %v (want each on one, one restarted), c %v (want each on one, one rewritten)", live["w"], live["c"])
+	}
+	if slices.Contains(live["p"], "") || slices.Contains(live["p"], "restarted") {
+		t.Errorf("restores on the live layer: p %v (want each on one, patched in place or kept)", live["p"])
 	}
 }

@@ -158,7 +158,12 @@ type Result struct {
 	// from just before the freeze and forwarded to the destination.
 	ForwardedConnections int   `json:"forwarded_connections,omitempty"`
 	StateBytes           int64 `json:"state_bytes"` // payload: images + writable layer
-	Compressed           bool  `json:"compressed"`
+	// LayerPatched counts the writable layer's files that crossed in the
+	// frozen window as their blocks changed since the live copy,
+	// LayerPatchBytes those blocks' bytes.
+	LayerPatched    int   `json:"layer_patched,omitempty"`
+	LayerPatchBytes int64 `json:"layer_patch_bytes,omitempty"`
+	Compressed      bool  `json:"compressed"`
 	// CompressionNote says why auto compression was on or off.
 	CompressionNote string             `json:"compression_note,omitempty"`
 	CRIU            map[string]float64 `json:"criu,omitempty"`

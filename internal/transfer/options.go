@@ -2,6 +2,8 @@ package transfer
 
 import (
 	"fmt"
+	"io"
+	"io/fs"
 	"time"
 )
 
@@ -88,6 +90,12 @@ type SendOptions struct {
 	// read is left out instead of failing the stream. A file that shrinks
 	// while read is sent as read; the caller sends the changes later.
 	Live bool
+	// Tee, when set, sees what SendDir sends of each regular file: it is
+	// called with the file's path in the tree (slash-separated) and its
+	// information as listed, and the writer it returns (nil: none)
+	// receives the bytes read, exactly as sent (a live file may change
+	// while read). It runs on the stream's reading goroutine.
+	Tee func(rel string, info fs.FileInfo) io.Writer
 }
 
 func (o SendOptions) withDefaults() (SendOptions, error) {

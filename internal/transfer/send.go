@@ -288,7 +288,8 @@ type producer struct {
 	enc    *zstd.Encoder
 	auto   autoState
 	digest contentDigest
-	st     Stats // counts and compression fields only
+	tee    func(rel string, info fs.FileInfo) io.Writer // SendOptions.Tee
+	st     Stats                                        // counts and compression fields only
 }
 
 func newProducer(ctx context.Context, out chan<- item, opts SendOptions, enc *zstd.Encoder) *producer {
@@ -302,6 +303,7 @@ func newProducer(ctx context.Context, out chan<- item, opts SendOptions, enc *zs
 		enc:    enc,
 		auto:   autoState{link: float64(opts.LinkBitsPerSecond) / 8},
 		digest: newContentDigest(),
+		tee:    opts.Tee,
 	}
 }
 
@@ -462,7 +464,13 @@ func (p *producer) walk(root string, overlay, live bool) error {
 			if err := p.sendEntry(e); err != nil {
 				return err
 			}
-			if err := p.copyFrom(f); err != nil {
+			var r io.Reader = f
+			if p.tee != nil {
+				if w := p.tee(rel, info); w != nil {
+					r = io.TeeReader(f, w)
+				}
+			}
+			if err := p.copyFrom(r); err != nil {
 				return fmt.Errorf("read %s: %w", path, err)
 			}
 			return nil

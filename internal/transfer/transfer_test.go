@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"io/fs"
 	"net"
 	"os"
 	"path/filepath"
@@ -744,5 +745,40 @@ func TestMsgInsteadOfStream(t *testing.T) {
 	var r reason
 	if mi.Type != "abort" || json.Unmarshal(mi.Body, &r) != nil || r.Reason != "disk full" {
 		t.Fatalf("message %q %s", mi.Type, mi.Body)
+	}
+}
+
+// TestTee: SendOptions.Tee sees each regular file's bytes exactly as sent,
+// and only regular files.
+func TestTee(t *testing.T) {
+	src, dst := t.TempDir(), filepath.Join(t.TempDir(), "out")
+	files := map[string][]byte{"a": randomBytes(3<<20+5, 1), "d/b": []byte("small"), "d/empty": nil}
+	for name, b := range files {
+		writeFile(t, filepath.Join(src, name), b, 0o644)
+	}
+	if err := os.Symlink("a", filepath.Join(src, "link")); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]*bytes.Buffer{}
+	tee := func(rel string, fi fs.FileInfo) io.Writer {
+		if !fi.Mode().IsRegular() {
+			t.Errorf("tee called for %s (%v)", rel, fi.Mode())
+		}
+		b := &bytes.Buffer{}
+		seen[rel] = b
+		return b
+	}
+	so := SendOptions{Compression: CompressZstd, ChunkSize: 64 << 10, Tee: tee}
+	if send, recv := transferDir(t, src, dst, so, RecvOptions{}, nil); send.err != nil || recv.err != nil {
+		t.Fatalf("send %v, receive %v", send.err, recv.err)
+	}
+	compareTrees(t, src, dst)
+	if len(seen) != len(files) {
+		t.Errorf("tee saw %d files, want %d", len(seen), len(files))
+	}
+	for name, b := range files {
+		if got := seen[name]; got == nil || !bytes.Equal(got.Bytes(), b) {
+			t.Errorf("%s: tee saw other bytes than the file's", name)
+		}
 	}
 }
