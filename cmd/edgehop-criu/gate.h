@@ -21,6 +21,8 @@
 #define ENV_GATE_WAIT "EDGEHOP_CRIU_GATE_WAIT"
 /* Makes the preloaded library answer and exit (the agent's check). */
 #define ENV_GATE_PROBE "EDGEHOP_CRIU_GATE_PROBE"
+/* The level CRIU logs at, set by the agent (runc asks for 4, debug). */
+#define ENV_LOG_LEVEL "EDGEHOP_CRIU_LOG_LEVEL"
 
 /*
  * await_gate returns 0 when the agent lets the request in, and -1 (said

@@ -1,11 +1,11 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"github.com/edgehop/edgehop/internal/metrics"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +18,7 @@ import (
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/linux"
+	"github.com/edgehop/edgehop/internal/metrics"
 	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/edgehop/edgehop/internal/pki"
 	"github.com/edgehop/edgehop/internal/runc"
@@ -95,9 +96,14 @@ func New(cfg Config) (*Agent, error) {
 		a.peers[p.Name] = api.NewTCPClient(p.API, &http.Client{Timeout: 5 * time.Second,
 			Transport: &http.Transport{TLSClientConfig: tlsCfg, MaxIdleConnsPerHost: 4}})
 	}
-	a.rt = &runc.Runtime{Binary: "runc", Root: filepath.Join(cfg.StateDir, "runc"), Shim: criuShim(cfg.CRIUShim), Log: a.log}
+	a.rt = &runc.Runtime{Binary: "runc", Root: filepath.Join(cfg.StateDir, "runc"), Shim: criuShim(cfg.CRIUShim), Log: a.log,
+		CRIULogLevel: cmp.Or(cfg.CRIULogLevel, defaultCRIULogLevel)}
 	return a, nil
 }
+
+// defaultCRIULogLevel is Config.CRIULogLevel's default: errors and
+// warnings.
+const defaultCRIULogLevel = 2
 
 // criuShim resolves Config.CRIUShim: edgehop-criu next to this executable
 // when it is there, unless turned off.

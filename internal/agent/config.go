@@ -62,6 +62,11 @@ type Config struct {
 	// edgehop-criu next to the agent's executable, "off" runs CRIU
 	// directly.
 	CRIUShim string `json:"criu_shim,omitempty"`
+	// CRIULogLevel is the level CRIU logs its dumps and restores at
+	// (runc.Runtime.CRIULogLevel): 0 (the default) is 2, errors and
+	// warnings; 4 is every step, as runc asks for, for diagnosis (a few
+	// ms of the frozen window for a small service, tens for a large one).
+	CRIULogLevel int `json:"criu_log_level,omitempty"`
 
 	Log *slog.Logger `json:"-"`
 }
@@ -92,6 +97,9 @@ func (c Config) Validate() error {
 	}
 	if c.Role == RoleNode && (!c.Range.IsValid() || !c.Overlay.Contains(c.Range.Addr())) {
 		errs = append(errs, fmt.Errorf("range %v not inside overlay %v", c.Range, c.Overlay))
+	}
+	if c.CRIULogLevel < 0 || c.CRIULogLevel > 4 {
+		errs = append(errs, fmt.Errorf("criu_log_level %d: want 1 (errors) to 4 (every step), or 0 for the default (2)", c.CRIULogLevel))
 	}
 	if c.VNI <= 0 || c.VNI >= 1<<24 {
 		errs = append(errs, fmt.Errorf("vni %d out of range", c.VNI))

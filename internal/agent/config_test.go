@@ -27,6 +27,7 @@ func TestConfigValidate(t *testing.T) {
 		"range":    {func(c *Config) { c.Range = netip.MustParsePrefix("10.9.0.0/24") }, "range"},
 		"vni":      {func(c *Config) { c.VNI = 1 << 24 }, "vni"},
 		"vtep":     {func(c *Config) { c.VTEP = netip.Addr{} }, "vtep"},
+		"criu log": {func(c *Config) { c.CRIULogLevel = 5 }, "criu_log_level"},
 	} {
 		c := validConfig()
 		tc.mutate(&c)

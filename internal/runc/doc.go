@@ -28,7 +28,9 @@
 // without CAP_SYS_RESOURCE (a process of another user) from
 // /proc/PID/limits (Runtime.ReadsAnyRlimits): services mixing users
 // dump as root; without the library, only a service of one user can be
-// dumped, with that user's real ids (CheckpointOpts.RealIDs).
+// dumped, with that user's real ids (CheckpointOpts.RealIDs). It sets
+// the level of CRIU's log (Runtime.CRIULogLevel) in runc's request,
+// whose level CRIU takes over its configuration file's.
 // CRIU configuration (WriteCRIUConfig) keeps the
 // masked directories and the /sys/fs/cgroup tmpfs out of the images as
 // external mounts (ExternalMasks, ExternalCgroupFS with

@@ -41,6 +41,11 @@ type Runtime struct {
 	// Gate. Empty: runc runs CRIU directly, and a Gate holds runc back
 	// instead.
 	Shim string
+	// CRIULogLevel is the level CRIU logs a dump or a restore at, 1
+	// (errors) to 4 (every step); 0 leaves runc's, which is 4. It takes
+	// the Shim's gate library, which rewrites runc's request (CRIU takes
+	// the request's level over its configuration file's).
+	CRIULogLevel int
 	// Root is runc's state directory (runc --root); required, absolute.
 	Root string
 	// Log receives a debug record per runc command, an info record per

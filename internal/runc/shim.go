@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -37,6 +38,7 @@ const (
 	shimEnvVersion = "EDGEHOP_CRIU_VERSION"
 	shimEnvGate    = "EDGEHOP_CRIU_GATE"
 	shimEnvGateLib = "EDGEHOP_CRIU_GATE_LIB"
+	gateEnvLevel   = "EDGEHOP_CRIU_LOG_LEVEL"
 	gateEnvProbe   = "EDGEHOP_CRIU_GATE_PROBE"
 )
 
@@ -85,6 +87,9 @@ func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
 	}
 	if r.shim.gateLib != "" {
 		env = append(env, shimEnvGateLib+"="+r.shim.gateLib)
+		if r.CRIULogLevel > 0 {
+			env = append(env, gateEnvLevel+"="+strconv.Itoa(r.CRIULogLevel))
+		}
 	}
 	return env
 }

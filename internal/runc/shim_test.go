@@ -459,3 +459,54 @@ func TestCheckpointMixedUsers(t *testing.T) {
 		advancing(t, out, "after the failed checkpoint")
 	})
 }
+
+// TestCRIULogLevel: with Runtime.CRIULogLevel, the gate library makes
+// CRIU log a dump and a restore at that level instead of runc's 4, and
+// the request it rewrote is otherwise intact (the container restores and
+// counts on). Without it CRIU logs every step.
+func TestCRIULogLevel(t *testing.T) {
+	shim := runc.BuildShimForTest(t)
+	ctx := context.Background()
+	logs := map[int][2]string{}
+	for _, level := range []int{0, 2} {
+		r := newRuntime(t)
+		r.Shim, r.CRIULogLevel = shim, level
+		requireCRIU(t, r)
+		id, spec, out := runCounter(t, r, "loglvl")
+		images, work := filepath.Join(t.TempDir(), "images"), filepath.Join(t.TempDir(), "work")
+		if err := r.Checkpoint(ctx, id, runc.CheckpointOpts{ImagePath: images, WorkPath: work}); err != nil {
+			t.Fatalf("level %d: %v", level, err)
+		}
+		last := out.ints(t)
+		spec.CgroupsPath = "/edgehop-test-" + testutil.UniqueName("cg")
+		after := &syncBuffer{}
+		if _, err := r.Restore(ctx, id, writeBundle(t, spec), runc.RestoreOpts{ImagePath: images, WorkPath: work}, runc.IO{Stdout: after, Stderr: after}); err != nil {
+			t.Fatalf("level %d: restore: %v", level, err)
+		}
+		waitCount(t, after, 3)
+		if got := after.ints(t); len(last) == 0 || got[0] != last[len(last)-1]+1 {
+			t.Errorf("level %d: counted %v after the restore, %v before", level, got, last)
+		}
+		var pair [2]string
+		for i, name := range []string{runc.DumpLog, runc.RestoreLog} {
+			b, err := os.ReadFile(filepath.Join(work, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			pair[i] = string(b)
+		}
+		logs[level] = pair
+		t.Logf("level %d: dump.log %d bytes, restore.log %d bytes", level, len(pair[0]), len(pair[1]))
+	}
+	for i, name := range []string{runc.DumpLog, runc.RestoreLog} {
+		full, quiet := logs[0][i], logs[2][i]
+		// "Running" opens both operations' debug output: runc's level
+		// has it, level 2 (errors and warnings) not.
+		if !strings.Contains(full, "Running ") {
+			t.Errorf("%s at runc's level lacks CRIU's debug lines:\n%s", name, full)
+		}
+		if strings.Contains(quiet, "Running ") || len(quiet)*10 > len(full) {
+			t.Errorf("%s at level 2: %d bytes (at runc's level %d), debug lines kept:\n%s", name, len(quiet), len(full), quiet)
+		}
+	}
+}
