@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/journal"
@@ -41,6 +42,7 @@ func (a *Agent) pendingRecoveries(ctx context.Context) ([]journal.Record, error)
 		}
 		a.mu.Unlock()
 	}
+	a.sweepScratch(active)
 	for _, name := range a.incomingLeftovers() {
 		if active[name] {
 			continue
@@ -219,6 +221,43 @@ func (a *Agent) incomingLeftovers() []string {
 		}
 	}
 	return out
+}
+
+// sweepScratch removes what migrations that ended left in the scratch
+// directory (an agent killed after journaling one done, before removing
+// its images): every entry but those of the containers whose migrations
+// are being settled (active), which their settling removes.
+func (a *Agent) sweepScratch(active map[string]bool) {
+	ents, err := os.ReadDir(a.scratchDir())
+	if err != nil {
+		a.log.Warn("read scratch directory", "err", err)
+		return
+	}
+	for _, e := range ents {
+		if ofActive(e.Name(), active) {
+			continue
+		}
+		dir := filepath.Join(a.scratchDir(), e.Name())
+		err := errors.Join(linux.UnmountUnder(dir), os.RemoveAll(dir))
+		if err != nil {
+			a.log.Warn("remove scratch data no migration is settling", "entry", e.Name(), "err", err)
+			continue
+		}
+		a.log.Info("removed scratch data no migration is settling", "entry", e.Name())
+	}
+}
+
+// ofActive says whether scratch entry name (<container>-in, -out,
+// -store…, or a stream's .<container>-in.partial-…) may belong to one of
+// the active containers.
+func ofActive(name string, active map[string]bool) bool {
+	name = strings.TrimPrefix(name, ".")
+	for c := range active {
+		if strings.HasPrefix(name, c+"-") {
+			return true
+		}
+	}
+	return false
 }
 
 // runcProcs lists runc processes of this node working on container name.
