@@ -435,26 +435,15 @@ func (in *incoming) receiveLiveLayer(ctx context.Context, ll migration.LiveLayer
 // otherwise the restore is called off, the root file system unmounted,
 // the delta applied and the restore started again.
 func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
-	var ld LayerDelta
-	if err := expect(ctx, in.conn, msgLayerDelta, &ld); err != nil {
-		return fmt.Errorf("receive writable layer delta: %w", err)
-	}
-	tmp := in.upper + "-delta"
-	_ = os.RemoveAll(tmp)
-	defer os.RemoveAll(tmp)
-	if _, err := in.conn.RecvDir(ctx, tmp, transfer.RecvOptions{MaxBytes: limit}); err != nil {
-		return fmt.Errorf("receive writable layer delta: %w", err)
-	}
-	lp, err := recvPatches(ctx, in.conn, tmp, ld.Patched, limit)
-	defer lp.remove()
+	rd, err := recvDelta(ctx, in.conn, in.upper, limit)
+	defer rd.remove()
 	if err != nil {
-		return err
+		return fmt.Errorf("receive writable layer delta: %w", err)
 	}
-	m, err := matchLayer(in.upper, tmp, ld.Keep)
+	m, err := rd.match(in.upper)
 	if err != nil {
 		return fmt.Errorf("writable layer delta: %w", err)
 	}
-	m.lp = lp
 	why, err := m.unchanged()
 	if err != nil {
 		return fmt.Errorf("writable layer delta: %w", err)
@@ -468,7 +457,7 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 		return fmt.Errorf("apply writable layer delta: %w", err)
 	} else if ok {
 		in.liveLayer = "rewritten"
-		a.log.Info("the writable layer changed since its live copy: applied in place", "container", name, "change", why, "entries", ld.Changed)
+		a.log.Info("the writable layer changed since its live copy: applied in place", "container", name, "change", why, "entries", rd.Changed)
 		return nil
 	}
 	in.liveLayer = "restarted"
@@ -480,11 +469,8 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 	if err := linux.Unmount(a.rootfs(name)); err != nil {
 		return fmt.Errorf("unmount the root file system: %w", err)
 	}
-	a.log.Info("the writable layer changed since its live copy: restore started again on the new one", "container", name, "change", why, "entries", ld.Changed, "stop_unmount", time.Since(t))
-	if err := lp.materialize(in.upper, tmp); err != nil {
-		return err
-	}
-	if err := applyLayerDelta(in.upper, tmp, ld.Keep); err != nil {
+	a.log.Info("the writable layer changed since its live copy: restore started again on the new one", "container", name, "change", why, "entries", rd.Changed, "stop_unmount", time.Since(t))
+	if err := rd.apply(in.upper); err != nil {
 		return fmt.Errorf("apply writable layer delta: %w", err)
 	}
 	// runc called off may have removed the cgroups it was to run in.

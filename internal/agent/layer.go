@@ -761,25 +761,60 @@ func (ds deltaSent) report(res *migration.Result) {
 
 // recvLayerDelta is the destination's half: root holds the live copy.
 func recvLayerDelta(ctx context.Context, conn *transfer.Conn, root string, limit int64) error {
-	var ld LayerDelta
-	if err := expect(ctx, conn, msgLayerDelta, &ld); err != nil {
-		return err
-	}
-	tmp := root + "-delta"
-	_ = os.RemoveAll(tmp)
-	defer os.RemoveAll(tmp)
-	if _, err := conn.RecvDir(ctx, tmp, transfer.RecvOptions{MaxBytes: limit}); err != nil {
-		return err
-	}
-	lp, err := recvPatches(ctx, conn, tmp, ld.Patched, limit)
-	defer lp.remove()
-	if err == nil {
-		err = lp.materialize(root, tmp)
-	}
+	rd, err := recvDelta(ctx, conn, root, limit)
+	defer rd.remove()
 	if err != nil {
 		return err
 	}
-	return applyLayerDelta(root, tmp, ld.Keep)
+	return rd.apply(root)
+}
+
+// receivedDelta is a layer delta received beside the live copy it
+// applies to: the message, the tree of changed entries (buildLayerDelta's)
+// and the patched files with their data.
+type receivedDelta struct {
+	LayerDelta
+	dir string
+	lp  layerPatches
+}
+
+// recvDelta receives the layer delta for the live copy at root into
+// root-delta, within limit bytes. The caller removes what it received
+// (remove), whether or not it failed.
+func recvDelta(ctx context.Context, conn *transfer.Conn, root string, limit int64) (receivedDelta, error) {
+	rd := receivedDelta{dir: root + "-delta"}
+	_ = os.RemoveAll(rd.dir)
+	if err := expect(ctx, conn, msgLayerDelta, &rd.LayerDelta); err != nil {
+		return rd, err
+	}
+	if _, err := conn.RecvDir(ctx, rd.dir, transfer.RecvOptions{MaxBytes: limit}); err != nil {
+		return rd, err
+	}
+	var err error
+	rd.lp, err = recvPatches(ctx, conn, rd.dir, rd.Patched, limit)
+	return rd, err
+}
+
+// remove removes what recvDelta received.
+func (rd receivedDelta) remove() {
+	_ = os.RemoveAll(rd.dir)
+	rd.lp.remove()
+}
+
+// match compares the delta with root, the live copy (matchLayer).
+func (rd receivedDelta) match(root string) (layerMatch, error) {
+	m, err := matchLayer(root, rd.dir, rd.Keep)
+	m.lp = rd.lp
+	return m, err
+}
+
+// apply makes root, the live copy not in use, equal to the source's
+// layer: the patched files built whole, then applyLayerDelta.
+func (rd receivedDelta) apply(root string) error {
+	if err := rd.lp.materialize(root, rd.dir); err != nil {
+		return err
+	}
+	return applyLayerDelta(root, rd.dir, rd.Keep)
 }
 
 // layerPatches are the patched files of a received layer delta
@@ -802,15 +837,15 @@ func recvPatches(ctx context.Context, conn *transfer.Conn, tmp string, patches [
 	var total int64
 	for i, p := range patches {
 		if err := p.Check(limit); err != nil {
-			return lp, fmt.Errorf("writable layer delta: %w", err)
+			return lp, err
 		}
 		if _, dup := lp.at[p.Path]; dup {
-			return lp, fmt.Errorf("writable layer delta: %s patched twice", p.Path)
+			return lp, fmt.Errorf("%s patched twice", p.Path)
 		}
 		lp.at[p.Path] = i
 		f, err := linux.OpenInRoot(tmp, p.Path, unix.O_RDONLY|unix.O_NOFOLLOW)
 		if err != nil {
-			return lp, fmt.Errorf("writable layer delta: patched %s not in the delta: %w", p.Path, err)
+			return lp, fmt.Errorf("patched %s not in the delta: %w", p.Path, err)
 		}
 		fi, err := f.Stat()
 		f.Close()
@@ -818,20 +853,20 @@ func recvPatches(ctx context.Context, conn *transfer.Conn, tmp string, patches [
 			return lp, err
 		}
 		if !fi.Mode().IsRegular() || fi.Size() != 0 {
-			return lp, fmt.Errorf("writable layer delta: patched %s is not an empty file in the delta", p.Path)
+			return lp, fmt.Errorf("patched %s is not an empty file in the delta", p.Path)
 		}
 		lp.offs = append(lp.offs, total)
 		if total += p.DataLen(); total > limit {
-			return lp, fmt.Errorf("writable layer delta: patches' data over %d bytes", limit)
+			return lp, fmt.Errorf("patches' data over %d bytes", limit)
 		}
 	}
 	lp.data = tmp + "-blocks"
 	st, err := conn.RecvFile(ctx, lp.data, transfer.RecvOptions{MaxBytes: total})
 	if err != nil {
-		return lp, fmt.Errorf("writable layer delta: patches' data: %w", err)
+		return lp, fmt.Errorf("patches' data: %w", err)
 	}
 	if st.PayloadBytes != total {
-		return lp, fmt.Errorf("writable layer delta: patches' data is %d bytes, want %d", st.PayloadBytes, total)
+		return lp, fmt.Errorf("patches' data is %d bytes, want %d", st.PayloadBytes, total)
 	}
 	return lp, nil
 }
@@ -866,7 +901,7 @@ func (lp layerPatches) apply(i int, dst *os.File) error {
 func (lp layerPatches) materialize(root, delta string) error {
 	for i, p := range lp.patches {
 		if err := lp.materializeOne(i, root, delta); err != nil {
-			return fmt.Errorf("writable layer delta: %s: %w", p.Path, err)
+			return fmt.Errorf("%s: %w", p.Path, err)
 		}
 	}
 	return nil

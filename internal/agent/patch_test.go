@@ -96,34 +96,18 @@ func TestLayerDeltaPatches(t *testing.T) {
 			src, dst, before, sums := patchLayer(t, s, r)
 			errc := make(chan error, 1)
 			var patched []blockdiff.Patch
-			go func() {
-				if !inPlace {
-					errc <- recvLayerDelta(ctx, r, dst, 1<<30)
-					return
-				}
-				var ld LayerDelta
-				if err := expect(ctx, r, msgLayerDelta, &ld); err != nil {
-					errc <- err
-					return
-				}
-				patched = ld.Patched
-				tmp := filepath.Join(t.TempDir(), "delta")
-				if _, err := r.RecvDir(ctx, tmp, transfer.RecvOptions{}); err != nil {
-					errc <- err
-					return
-				}
-				lp, err := recvPatches(ctx, r, tmp, ld.Patched, 1<<30)
-				defer lp.remove()
+			// inPlaceRecv is receiveLayerDelta's in-place path.
+			inPlaceRecv := func() error {
+				rd, err := recvDelta(ctx, r, dst, 1<<30)
+				defer rd.remove()
 				if err != nil {
-					errc <- err
-					return
+					return err
 				}
-				m, err := matchLayer(dst, tmp, ld.Keep)
+				patched = rd.Patched
+				m, err := rd.match(dst)
 				if err != nil {
-					errc <- err
-					return
+					return err
 				}
-				m.lp = lp
 				if why, err := m.unchanged(); err != nil || why == "" {
 					t.Errorf("a patched layer counted unchanged: %q %v", why, err)
 				}
@@ -131,7 +115,14 @@ func TestLayerDeltaPatches(t *testing.T) {
 				if err == nil && !ok {
 					t.Error("a patched layer not applied in place")
 				}
-				errc <- err
+				return err
+			}
+			go func() {
+				if inPlace {
+					errc <- inPlaceRecv()
+				} else {
+					errc <- recvLayerDelta(ctx, r, dst, 1<<30)
+				}
 			}()
 			ds, err := sendLayerDelta(ctx, s, src, before, sums, transfer.SendOptions{Overlay: true})
 			st, n := ds.st, ds.changed
