@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"io"
-	"path"
+	"io/fs"
 	"sync"
 )
 
@@ -48,7 +48,7 @@ func (p Patch) DataLen() int64 {
 // within maxSize, and ranges that are non-empty, in order, apart and
 // within the size.
 func (p Patch) Check(maxSize int64) error {
-	if p.Path == "" || path.IsAbs(p.Path) || path.Clean(p.Path) != p.Path || p.Path == "." || p.Path == ".." || len(p.Path) > 3 && p.Path[:3] == "../" {
+	if p.Path == "." || !fs.ValidPath(p.Path) {
 		return fmt.Errorf("patch: bad path %q", p.Path)
 	}
 	if p.Size < 0 || p.Size > maxSize {
