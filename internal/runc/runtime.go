@@ -376,7 +376,7 @@ func (r *Runtime) start(ctx context.Context, inv invocation, bundle string, o IO
 	if err != nil && inv.afterResume != nil && inv.afterResume() {
 		// CRIU resumed the tasks before runc failed: a container that
 		// runs is kept (the caller was told it was restored).
-		if s, serr := r.State(context.Background(), inv.id); serr == nil && s.Status == "running" && s.Pid > 0 {
+		if s, serr := r.State(context.Background(), inv.id); serr == nil && s.Status == StatusRunning && s.Pid > 0 {
 			r.logger().Warn("runc failed after CRIU resumed the restored tasks; the container runs", "id", inv.id, "pid", s.Pid, "err", err)
 			r.keepStreams(inv.id, st)
 			return s.Pid, nil
