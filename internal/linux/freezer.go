@@ -109,15 +109,7 @@ func FreezeCgroupSeizable(ctx context.Context, path string, tries int) (int, err
 		if err := FreezeCgroup(ctx, path); err != nil {
 			return i, err
 		}
-		waiting, err := VforkWaiters(path)
-		if err == nil && len(waiting) == 0 {
-			// Once in CI a parent read as not waiting and, a moment
-			// later with the cgroup still frozen, as waiting (a task
-			// read while running has no wait channel; why it ran is
-			// not known): a second look, tens of microseconds, makes
-			// such a read less likely to pass.
-			waiting, err = VforkWaiters(path)
-		}
+		waiting, err := settledVforkWaiters(path)
 		if err != nil || len(waiting) == 0 || i >= tries {
 			return i, nil // an unreadable task list: CRIU decides
 		}
@@ -146,11 +138,42 @@ func cgroupFile(path, v1, v2 string) string {
 // vfork child (their kernel wait channel is kernel_clone, where the
 // parent of a vfork sleeps until the child execs or exits).
 func VforkWaiters(path string) ([]int, error) {
+	waiting, _, err := vforkScan(path)
+	return waiting, err
+}
+
+// Settling: how often, and how far apart, a frozen cgroup's tasks are read
+// again while one of them has no wait channel yet.
+const (
+	settleReads = 20
+	settlePause = 100 * time.Microsecond
+)
+
+// settledVforkWaiters is VforkWaiters for a frozen cgroup, read again
+// while a task shows no wait channel. The kernel shows one only for a task
+// off its run queue, and a task the freezer caught as it went to sleep can
+// stay queued, frozen, for a moment after the cgroup reads FROZEN (the
+// scheduler dequeues a sleeping task late, its delayed dequeue): read
+// then, a parent in its vfork wait looks like one that is not waiting.
+// Such a task settles within a fraction of a millisecond; the reads stop
+// after settleReads, leaving what is still unsettled to CRIU.
+func settledVforkWaiters(path string) ([]int, error) {
+	waiting, queued, err := vforkScan(path)
+	for i := 0; err == nil && queued > 0 && i < settleReads; i++ {
+		time.Sleep(settlePause)
+		waiting, queued, err = vforkScan(path)
+	}
+	return waiting, err
+}
+
+// vforkScan reads the wait channel of each task of the cgroup at path: the
+// tasks waiting for a vfork child, and how many show none (running, or
+// still on a run queue) without being dead.
+func vforkScan(path string) (waiting []int, queued int, err error) {
 	b, err := os.ReadFile(cgroupFile(path, "tasks", "cgroup.threads"))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	var out []int
 	for _, f := range strings.Fields(string(b)) {
 		var tid int
 		if _, err := fmt.Sscan(f, &tid); err != nil {
@@ -160,9 +183,28 @@ func VforkWaiters(path string) ([]int, error) {
 		if err != nil {
 			continue // gone
 		}
-		if ch := string(w); ch == "kernel_clone" || strings.Contains(ch, "vfork") {
-			out = append(out, tid)
+		switch ch := string(w); {
+		case ch == "kernel_clone" || strings.Contains(ch, "vfork"):
+			waiting = append(waiting, tid)
+		case ch == "0" && !deadTask(tid):
+			queued++
 		}
 	}
-	return out, nil
+	return waiting, queued, nil
+}
+
+// deadTask says whether the task is a zombie or gone: it has no wait
+// channel and never will.
+func deadTask(tid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", tid))
+	if err != nil {
+		return true
+	}
+	// pid (comm) S ...: the state follows the last ')'.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 || i+2 >= len(b) {
+		return false
+	}
+	st := b[i+2]
+	return st == 'Z' || st == 'X'
 }

@@ -113,7 +113,7 @@ int main(void) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if w, _ := VforkWaiters(rel); len(w) != 0 {
+		if w, _ := settledVforkWaiters(rel); len(w) != 0 {
 			t.Fatalf("freeze %d left %v in a vfork wait after %d tries", i, w, tries)
 		}
 		if err := ThawCgroup(ctx, rel); err != nil {
@@ -152,4 +152,24 @@ func inTestCgroup(t *testing.T, name string, cmd *exec.Cmd) string {
 		t.Fatal(err)
 	}
 	return rel
+}
+
+// A zombie shows no wait channel, and never will: settling does not wait
+// for it.
+func TestDeadTask(t *testing.T) {
+	if deadTask(os.Getpid()) {
+		t.Fatal("this process reads as dead")
+	}
+	cmd := exec.Command("true")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Wait() }()
+	deadline := time.Now().Add(5 * time.Second)
+	for !deadTask(cmd.Process.Pid) {
+		if time.Now().After(deadline) {
+			t.Fatalf("exited child %d never read as a zombie", cmd.Process.Pid)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }
