@@ -481,12 +481,12 @@ func (in *incoming) receiveLayerDelta(ctx context.Context, limit int64) error {
 }
 
 // canGate says whether this side starts the restore before the images
-// arrive (migration.ReadyNotice): stop-and-copy and pre-copy, not the
-// lazy strategies (their restore starts a lazy-pages daemon on the
-// images), and only with the shim, which holds CRIU at the gate
-// (without, runc itself would wait for the gate to open).
+// arrive (migration.ReadyNotice): only with the shim, which holds CRIU at
+// the gate (without, runc itself would wait for the gate to open). A lazy
+// strategy's pages then start to be served (startPages) once the images
+// are here, just before the gate opens.
 func (in *incoming) canGate() bool {
-	return !in.p.Strategy.Lazy() && in.a.rt.Shim != ""
+	return in.a.rt.Shim != ""
 }
 
 // takeTraffic points the overlay here; the packets are held. The switch
@@ -596,7 +596,14 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 		}
 		in.stateBytes = fst.DumpBytes
 	} else {
-		rst, err := in.conn.RecvDir(ctx, in.imgDir, transfer.RecvOptions{MaxBytes: limit})
+		dir := in.imgDir
+		if in.gated != nil {
+			dir = in.imgDir + "-images"
+		}
+		rst, err := in.conn.RecvDir(ctx, dir, transfer.RecvOptions{MaxBytes: limit})
+		if err == nil && in.gated != nil {
+			err = moveEntries(dir, in.imgDir)
+		}
 		if err != nil {
 			return fmt.Errorf("receive images: %w", err)
 		}
@@ -618,11 +625,12 @@ func (in *incoming) receiveStreams(ctx context.Context) error {
 	return nil
 }
 
-// receiveLayerFirst receives stop-and-copy's state in the frozen window:
-// the writable layer's delta since its live copy, which the source sends
-// while CRIU dumps (receiveLayerDelta: the restore started on the live
-// layer goes on or starts again), then the images: when the last image is
-// here, runc is at its gate and only CRIU is left to run.
+// receiveLayerFirst receives the state of stop-and-copy and post-copy in
+// the frozen window: the writable layer's delta since its live copy,
+// which the source sends while CRIU dumps (receiveLayerDelta: the restore
+// started on the live layer goes on or starts again), then the images:
+// when the last image is here, runc is at its gate and only CRIU (and
+// post-copy's page service) is left to start.
 func (in *incoming) receiveLayerFirst(ctx context.Context, limit int64) error {
 	if err := in.receiveLayerDelta(ctx, limit); err != nil {
 		return err
@@ -772,6 +780,7 @@ func (in *incoming) startGated(ctx context.Context, urgent bool) error {
 		defer close(g.done)
 		o := in.restoreOpts()
 		o.Gate, o.Urgent, o.Resumed = g.gate, urgent, g.markResumed
+		o.LazyPages = p.Strategy.Lazy()
 		_, g.err = a.rt.Restore(gctx, p.Name, a.bundle(p.Name), o, runc.IO{Stdout: lf, Stderr: lf})
 		if g.err != nil && isClosed(g.resumed) {
 			a.log.Error("restored service gone after CRIU resumed it: runc failed and the container does not run", "container", p.Name, "err", g.err)
@@ -789,6 +798,12 @@ func (in *incoming) restore(ctx context.Context) error {
 	if in.gated != nil {
 		// runc waits at its gate on the root file system mounted and
 		// the images all here.
+		if p.Strategy.Lazy() {
+			if err := in.startPages(ctx); err != nil {
+				in.gated.stop(err)
+				return err
+			}
+		}
 		lf, run = in.gated.lf, in.gated.open
 	} else {
 		var err error
@@ -844,51 +859,57 @@ func (in *incoming) restore(ctx context.Context) error {
 }
 
 // prepareRestore mounts the root file system and, for post-copy, starts
-// what serves the pages (the tunnel to the source, the proxy, the
-// lazy-pages daemon); it returns the service's output file.
+// what serves the pages (startPages); it returns the service's output
+// file.
 func (in *incoming) prepareRestore(ctx context.Context) (*os.File, error) {
-	a, p := in.a, in.p
 	lf, err := in.mountRootfs()
 	if err != nil {
 		return nil, err
 	}
-	if p.Strategy.Lazy() {
-		// Pages come from the source's page server through an
-		// authenticated tunnel; the daemon outlives the restore.
-		dial, err := a.tunnelDialer(p.From)
-		if err != nil {
+	if in.p.Strategy.Lazy() {
+		if err := in.startPages(ctx); err != nil {
 			lf.Close()
 			return nil, err
 		}
-		tctx, tcancel := context.WithCancel(context.WithoutCancel(ctx))
-		in.cleanup = append(in.cleanup, tcancel)
-		tun, err := transfer.TunnelListen(tctx, "127.0.0.1:0", transfer.TunnelRequest{Target: p.PageServer, Token: p.PageToken}, dial)
-		if err != nil {
-			lf.Close()
-			return nil, fmt.Errorf("page tunnel: %w", err)
-		}
-		in.cleanup = append(in.cleanup, func() { tun.Close() })
-		// A proxy in front of the daemon pulls the dump's lazy runs ahead
-		// of it (hybrid: and fills the pages the rounds left here from
-		// the store); without the runs, hybrid's proxy relays only.
-		runs, rerr := precopy.LazyRuns(in.imgDir)
-		if rerr != nil {
-			a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
-		}
-		pageServer := tun.Addr().String()
-		if in.store != nil || rerr == nil {
-			if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs); err != nil {
-				lf.Close()
-				return nil, fmt.Errorf("page proxy: %w", err)
-			}
-		}
-		if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: in.workDir(), PageServer: pageServer}); err != nil {
-			lf.Close()
-			return nil, fmt.Errorf("lazy-pages daemon: %w", err)
-		}
-		in.cleanup = append(in.cleanup, in.pagesDaemon.Stop)
 	}
 	return lf, nil
+}
+
+// startPages starts what serves a lazy restore its pages, on the images
+// here: the tunnel to the source, the proxy, the lazy-pages daemon.
+func (in *incoming) startPages(ctx context.Context) error {
+	a, p := in.a, in.p
+	// Pages come from the source's page server through an
+	// authenticated tunnel; the daemon outlives the restore.
+	dial, err := a.tunnelDialer(p.From)
+	if err != nil {
+		return err
+	}
+	tctx, tcancel := context.WithCancel(context.WithoutCancel(ctx))
+	in.cleanup = append(in.cleanup, tcancel)
+	tun, err := transfer.TunnelListen(tctx, "127.0.0.1:0", transfer.TunnelRequest{Target: p.PageServer, Token: p.PageToken}, dial)
+	if err != nil {
+		return fmt.Errorf("page tunnel: %w", err)
+	}
+	in.cleanup = append(in.cleanup, func() { tun.Close() })
+	// A proxy in front of the daemon pulls the dump's lazy runs ahead
+	// of it (hybrid: and fills the pages the rounds left here from
+	// the store); without the runs, hybrid's proxy relays only.
+	runs, rerr := precopy.LazyRuns(in.imgDir)
+	if rerr != nil {
+		a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
+	}
+	pageServer := tun.Addr().String()
+	if in.store != nil || rerr == nil {
+		if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs); err != nil {
+			return fmt.Errorf("page proxy: %w", err)
+		}
+	}
+	if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: in.workDir(), PageServer: pageServer}); err != nil {
+		return fmt.Errorf("lazy-pages daemon: %w", err)
+	}
+	in.cleanup = append(in.cleanup, in.pagesDaemon.Stop)
+	return nil
 }
 
 // mountRootfs mounts the root file system on the received layer and

@@ -184,12 +184,12 @@ type outgoing struct {
 	fcancel   context.CancelFunc
 	ck        *checkpoint // the dump, from just before the freeze
 	final     *finalSend  // pre-copy: the final delta, sent while CRIU dumps
-	// layerFirst: stop-and-copy's layer delta is sent while CRIU dumps
-	// (early), the images after (FreezeNotice.LayerFirst).
+	// layerFirst: stop-and-copy's and post-copy's layer delta is sent
+	// while CRIU dumps (early), the images after
+	// (FreezeNotice.LayerFirst).
 	layerFirst bool
 	// gated: the destination restores at a gate (ReadyNotice), started
-	// before the freeze on the live layer (sendLiveLayer): stop-and-copy
-	// and pre-copy.
+	// before the freeze on the live layer (sendLiveLayer).
 	gated bool
 	// liveLayer: the writable layer (pre-copy: in the rounds) and
 	// descriptors.json crossed before the freeze, the layer's delta
@@ -272,8 +272,7 @@ func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 	return nil
 }
 
-// startEarly sends stop-and-copy's writable layer delta since its live
-// copy (sendLiveLayer) on a goroutine while CRIU dumps; sendState waits
+// startEarly sends the writable layer delta since its live copy (sendLiveLayer) on a goroutine while CRIU dumps; sendState waits
 // for it before the images.
 func (o *outgoing) startEarly() {
 	e := &earlySend{done: make(chan struct{})}
@@ -545,7 +544,7 @@ func (o *outgoing) prepare(ctx context.Context) error {
 	}
 	// runc writes descriptors.json before CRIU's gate only when the shim
 	// holds CRIU there (without, runc starts as the gate opens).
-	o.gated = prepared.GatedRestore && !o.req.Strategy.Lazy() && a.rt.Shim != ""
+	o.gated = prepared.GatedRestore && a.rt.Shim != ""
 	o.layerFirst = o.gated && !o.req.Strategy.Live()
 	if o.comp != transfer.CompressOff {
 		if err := conn.WarmCompression(); err != nil {

@@ -288,13 +288,14 @@ func (e *env) migrateFails(group, to, why string) groupResult {
 // group rolls back, and node1 must stop web's restore at once: restoring
 // lazily from a page server the source has shut down, it would otherwise
 // hold the name on node1 until the restore's deadline. web's restore on
-// node1 is made to take two minutes, so the abort arrives in the middle
-// of it. Afterwards the group is whole on node0 and node1's job ended
-// with the source's reason, no job running there.
+// node1 is made to take two minutes once its gate opened (its CRIU waits
+// before it starts), so the abort arrives in the middle of it. Afterwards
+// the group is whole on node0 and node1's job ended with the source's
+// reason, no job running there.
 func TestGroupRestoreStoppedWhenSourceRollsBack(t *testing.T) {
 	e := newEnv(t)
 	dumpFails := criuDumpWrapper(t, "db", failDump("injected dump failure of db"))
-	slowRestore := runcWrapper(t, "web", "sleep 120")
+	slowRestore := criuRestoreWrapper(t, "web", "sleep 120")
 	st := e.upWithRunc(map[string]string{"node0": dumpFails, "node1": slowRestore})
 	const n, size = 2_000, 1000
 	db, web := e.redisGroup(st, n, size)
@@ -539,6 +540,25 @@ func runcWrapper(t *testing.T, name, action string) string {
 // request (EDGEHOP_CRIU_REQUEST; 1 is a dump).
 func criuDumpWrapper(t *testing.T, name, action string) string {
 	t.Helper()
+	setup := "w=; for a in \"$@\"; do [ \"$w\" = 1 ] && export INJECT_LOG=\"$a/dump.log\"; w=; [ \"$a\" = --work-path ] && w=1; done"
+	return criuWrapper(t, "checkpoint", 1, name, action, setup)
+}
+
+// criuRestoreWrapper returns a directory holding a runc whose CRIU runs
+// the shell command action before it restores container name, once the
+// restore's gate has opened (the images are here: the frozen window). The
+// shim then waits at the gate itself, without its library preloaded into
+// CRIU, and starts the wrapped criu after it (2 is a restore).
+func criuRestoreWrapper(t *testing.T, name, action string) string {
+	t.Helper()
+	return criuWrapper(t, "restore", 2, name, action, "unset EDGEHOP_CRIU_GATE_LIB")
+}
+
+// criuWrapper is a runc wrapper for its subcommand sub of container name
+// that runs the shell command setup and has the shim start a criu that
+// runs action first for requests of type req (criu_req_type's number).
+func criuWrapper(t *testing.T, sub string, req int, name, action, setup string) string {
+	t.Helper()
 	if _, err := os.Stat(filepath.Join(filepath.Dir(binary(t)), runc.ShimName)); err != nil {
 		t.Skipf("skipped: no %s next to the edgehop binary (no C compiler at build): %v", runc.ShimName, err)
 	}
@@ -547,12 +567,11 @@ func criuDumpWrapper(t *testing.T, name, action string) string {
 		t.Skip("skipped: criu not installed")
 	}
 	criu := filepath.Join(t.TempDir(), "criu")
-	script := "#!/bin/sh\nif [ \"$EDGEHOP_CRIU_REQUEST\" = 1 ]; then " + action + "; fi\nexec " + realCRIU + " \"$@\"\n"
+	script := fmt.Sprintf("#!/bin/sh\nif [ \"$EDGEHOP_CRIU_REQUEST\" = %d ]; then %s; fi\nexec %s \"$@\"\n", req, action, realCRIU)
 	if err := os.WriteFile(criu, []byte(script), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	setup := "w=; for a in \"$@\"; do [ \"$w\" = 1 ] && export INJECT_LOG=\"$a/dump.log\"; w=; [ \"$a\" = --work-path ] && w=1; done; export EDGEHOP_CRIU=" + criu
-	return runcWrapperFor(t, "checkpoint", name, setup)
+	return runcWrapperFor(t, sub, name, setup+"; export EDGEHOP_CRIU="+criu)
 }
 
 // failDump is a criuDumpWrapper action that fails the dump a second

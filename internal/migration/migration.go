@@ -328,15 +328,16 @@ type Prepare struct {
 }
 
 // ReadyNotice is the destination's answer to Prepare. GatedRestore: it can
-// start its restore before the images arrive (stop-and-copy): runc
-// starts on the writable layer and descriptors.json, CRIU once the images
-// are there.
+// start its restore before the images arrive: runc starts on the writable
+// layer and descriptors.json, CRIU once the images are there (a lazy
+// strategy's, once its pages are served).
 type ReadyNotice struct {
 	GatedRestore bool `json:"gated_restore,omitempty"`
 }
 
 // LiveLayer precedes what MsgLiveLayer sends: the writable layer first
-// when Layer (stop-and-copy), then runc's descriptors.json.
+// when Layer (the strategies without live rounds), then runc's
+// descriptors.json.
 type LiveLayer struct {
 	Layer bool `json:"layer,omitempty"`
 }
@@ -348,8 +349,8 @@ type LiveLayer struct {
 // destination takes the pod's traffic (the others' do not). LayerLive:
 // the layer (pre-copy's: in the rounds) and descriptors.json came before
 // the freeze (MsgLiveLayer; the destination said GatedRestore), and only
-// the layer's delta comes in the window. LayerFirst (stop-and-copy, with
-// LayerLive): that delta comes first, sent while CRIU dumps, and the
+// the layer's delta comes in the window. LayerFirst (stop-and-copy and
+// post-copy, with LayerLive): that delta comes first, sent while CRIU dumps, and the
 // images after it.
 type FreezeNotice struct {
 	Accepting  bool `json:"accepting,omitempty"`
