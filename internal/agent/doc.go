@@ -80,19 +80,18 @@
 // commits once runc is done. Pre-copy does not wait that
 // long: its final delta starts as the gate opens and sends each process's
 // pages as soon as CRIU has written them (precopy.DumpWatch), so the
-// transfer of a many-process service overlaps its dump. Stop-and-copy
-// and pre-copy take `runc restore`'s start out of the window the other
-// way round (migration.ReadyNotice, MsgLiveLayer, FreezeNotice.LayerLive):
+// transfer of a many-process service overlaps its dump. Every strategy
+// takes `runc restore`'s start out of the window the other way round (migration.ReadyNotice, MsgLiveLayer, FreezeNotice.LayerLive):
 // once its own runc waits at the gate, before the freeze, A sends S's
-// writable layer (pre-copy's went in the rounds) and runc's
+// writable layer (pre-copy's and hybrid's went in the rounds) and runc's
 // descriptors.json (written before CRIU's gate); B mounts the root file
 // system on them, starts `runc restore`, whose CRIU waits at a gate of
 // its own (runc.RestoreOpts Gate), syncs the layer's file system, and
 // says when runc waits at the gate (MsgLiveReady): only then does A
 // freeze, so neither runc shares the CPU with the dump. In the window A
 // sends what changed in the layer since its snapshot before the live
-// copy (sendLayerDelta; stop-and-copy while CRIU dumps, before the
-// images; a snapshot's time is read from the layer's own file system, so
+// copy (sendLayerDelta; stop-and-copy and post-copy while CRIU dumps,
+// before the images; a snapshot's time is read from the layer's own file system, so
 // only entries changed within 50 ms of it are sent again whatever its
 // timestamps' granularity). A large file that changed in part (a
 // database's redo log, its tables) goes as the 64 KiB blocks that differ
@@ -108,8 +107,9 @@
 // applies the delta and starts runc again at full priority
 // (RestoreOpts.Urgent); B switches the network meanwhile (stop-and-copy;
 // the other strategies before the state comes); once the images are all
-// there B opens the
-// gate and only CRIU's restore is left. B counts the service restored when
+// there B opens the gate (post-copy and hybrid: once the tunnel, page
+// proxy and lazy-pages daemon started on them) and only CRIU's restore is
+// left. B counts the service restored when
 // CRIU has resumed its tasks (runc.RestoreOpts.Resumed: CRIU's
 // stats-restore), not when runc exits a few ms later; it waits for runc
 // before the migration ends, and a runc failing after that leaves the
