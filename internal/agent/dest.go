@@ -148,6 +148,9 @@ type incoming struct {
 	recvMs      float64
 	mountMs     float64
 	pagesDaemon *runc.Daemon
+	// pageDial reaches the source for the page tunnel (lazy strategies:
+	// dialled as the freeze is announced, predialTunnel).
+	pageDial func(context.Context) (*transfer.Conn, error)
 	// gated is the restore started on the writable layer before the
 	// images arrived (FreezeNotice.LayerFirst), waiting at its gate.
 	gated *gatedRestore
@@ -568,6 +571,13 @@ func (in *incoming) sourceGaveUp(err error) error {
 // receiveState receives (or rebuilds) the images and the writable layer.
 func (in *incoming) receiveState(ctx context.Context) error {
 	defer in.joinTake()
+	if in.p.Strategy.Lazy() {
+		// The page tunnel's handshake, while the source dumps.
+		var err error
+		if in.pageDial, err = in.predialTunnel(ctx); err != nil {
+			return err
+		}
+	}
 	return in.sourceGaveUp(in.receiveStreams(ctx))
 }
 
@@ -881,9 +891,12 @@ func (in *incoming) startPages(ctx context.Context) error {
 	a, p := in.a, in.p
 	// Pages come from the source's page server through an
 	// authenticated tunnel; the daemon outlives the restore.
-	dial, err := a.tunnelDialer(p.From)
-	if err != nil {
-		return err
+	dial := in.pageDial
+	if dial == nil {
+		var err error
+		if dial, err = a.tunnelDialer(p.From); err != nil {
+			return err
+		}
 	}
 	tctx, tcancel := context.WithCancel(context.WithoutCancel(ctx))
 	in.cleanup = append(in.cleanup, tcancel)

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"time"
@@ -112,6 +113,71 @@ func (a *Agent) tunnelDialer(from string) (func(context.Context) (*transfer.Conn
 	return func(ctx context.Context) (*transfer.Conn, error) {
 		return transfer.Dial(ctx, peer.Migrate, tlsCfg)
 	}, nil
+}
+
+// predialTunnel dials the source for the page tunnel now (predial), so
+// that the connection and its TLS handshake are done by the time the
+// restore wants its first pages.
+func (in *incoming) predialTunnel(ctx context.Context) (func(context.Context) (*transfer.Conn, error), error) {
+	dial, err := in.a.tunnelDialer(in.p.From)
+	if err != nil {
+		return nil, err
+	}
+	d, stop := predial(ctx, dial)
+	in.cleanup = append(in.cleanup, stop)
+	return d, nil
+}
+
+// predial calls dial now, on a goroutine, and returns a dial that hands
+// that connection out first (waiting for it), then dials afresh; a first
+// dial that failed is made again. stop closes the connection if it was
+// never handed out.
+func predial[C io.Closer](ctx context.Context, dial func(context.Context) (C, error)) (func(context.Context) (C, error), func()) {
+	type result struct {
+		c  C
+		ok bool
+	}
+	dctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	ch := make(chan result, 1)
+	go func() {
+		c, err := dial(dctx)
+		ch <- result{c, err == nil}
+	}()
+	var mu sync.Mutex
+	first := true
+	take := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		t := first
+		first = false
+		return t
+	}
+	discard := func() {
+		if r := <-ch; r.ok {
+			r.c.Close()
+		}
+	}
+	stop := func() {
+		cancel()
+		if take() {
+			discard()
+		}
+	}
+	return func(ctx context.Context) (C, error) {
+		if take() {
+			select {
+			case r := <-ch:
+				if r.ok {
+					return r.c, nil
+				}
+			case <-ctx.Done():
+				go discard()
+				var zero C
+				return zero, ctx.Err()
+			}
+		}
+		return dial(ctx)
+	}, stop
 }
 
 // isTunnel reports whether the first message of a migration connection is
