@@ -91,6 +91,12 @@ func ServeSource(ctx context.Context, l net.Listener, criuAddr string, holds Hol
 		if err != nil {
 			return fmt.Errorf("page server %s: %w", criuAddr, err)
 		}
+		// Should this process die before a CLOSE went up, the kernel
+		// resets the connection rather than ending it, which CRIU would
+		// take for a finished session (pageServerConn.end).
+		if tc, ok := up.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
 		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
 			st.Requests.Add(1)
 			return encodePages(h, from, to, holds, st)
@@ -247,8 +253,12 @@ func (c *pageServerConn) sentClose() { c.closeSent.Store(true) }
 // end closes the connection: cleanly after a CLOSE, with a reset (where
 // it is TCP) before.
 func (c *pageServerConn) end() {
-	if tc, ok := c.Conn.(*net.TCPConn); ok && !c.closeSent.Load() {
-		_ = tc.SetLinger(0)
+	if tc, ok := c.Conn.(*net.TCPConn); ok {
+		if c.closeSent.Load() {
+			_ = tc.SetLinger(-1)
+		} else {
+			_ = tc.SetLinger(0)
+		}
 	}
 	_ = c.Conn.Close()
 }

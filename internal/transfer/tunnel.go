@@ -156,16 +156,24 @@ func (c *Conn) Splice(ctx context.Context, target string) (st SpliceStats, err e
 		rerr := c.replyLocked(ctx, msgTunnelRefused, tunnelRefusal{Reason: fmt.Sprintf("connect to %s: %v", target, err)})
 		return st, errors.Join(fmt.Errorf("splice to %s: %w: %w", target, ErrTunnelRefused, err), rerr)
 	}
-	defer nc.Close()
+	tc := nc.(*net.TCPConn)
+	defer tc.Close()
+	// Until the pipe has ended cleanly, closing tc resets it, and so does
+	// this process's death: the kernel would otherwise end the stream,
+	// which is what a finished session looks like (CRIU's lazy page
+	// server then kills the dumped tasks, which the source restarted after
+	// a crash resumes).
+	_ = tc.SetLinger(0)
 	if err := c.replyLocked(ctx, msgTunnelOK, nil); err != nil {
 		return st, fmt.Errorf("splice to %s: %w", target, err)
 	}
 	var to, from atomic.Int64
-	err = c.pipeLocked(ctx, nc.(*net.TCPConn), &to, &from)
+	err = c.pipeLocked(ctx, tc, &to, &from)
 	st.ToTarget, st.FromTarget = to.Load(), from.Load()
 	if err != nil {
 		return st, fmt.Errorf("splice to %s: %w", target, err)
 	}
+	_ = tc.SetLinger(-1)
 	return st, nil
 }
 

@@ -1,0 +1,73 @@
+package transfer
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/edgehop/edgehop/internal/testutil"
+)
+
+// spliceChildEnv makes the test binary the agent of
+// TestSpliceKilledResetsTarget, splicing a tunnel to the target it names.
+const spliceChildEnv = "EDGEHOP_TEST_SPLICE_TARGET"
+
+// TestSpliceKilledResetsTarget: the agent splicing a tunnel to its target
+// is killed (SIGKILL) in the middle of the pipe. Its kernel closes the
+// connection to the target, which must see a reset, not the end of the
+// stream: CRIU's lazy page server takes end of file for a finished
+// session and kills the dumped tasks, which the source, restarted after
+// the crash, was to resume.
+func TestSpliceKilledResetsTarget(t *testing.T) {
+	if target := os.Getenv(spliceChildEnv); target != "" {
+		spliceUntilKilled(t, target)
+		return
+	}
+	ended := make(chan error, 1)
+	target, _ := serveTarget(t, func(c *net.TCPConn) {
+		_, err := io.Copy(io.Discard, struct{ io.Reader }{c})
+		ended <- err
+	})
+	child := testutil.Child(t, "TestSpliceKilledResetsTarget", spliceChildEnv, target, "spliced")
+	if err := child.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the target saw end of file when the splicing agent was killed, not a reset")
+		}
+		t.Logf("target: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the target's connection outlived the killed agent")
+	}
+}
+
+// spliceUntilKilled is the child's side: a tunnel to target, spliced and
+// idle, until the parent kills this process.
+func spliceUntilKilled(t *testing.T, target string) {
+	dirs, _ := nodes(t, nil, "src", "dst")
+	src, dst := tlsPair(t, dirs, "src", "dst")
+	ctx := context.Background()
+	go func() {
+		if _, body, err := src.ReadMsg(ctx); err == nil {
+			_, _ = src.ServeTunnel(ctx, body, tokenCheck("tok"))
+		}
+	}()
+	if err := dst.WriteMsg(ctx, MsgTunnel, TunnelRequest{Target: target, Token: "tok"}); err != nil {
+		t.Fatal(err)
+	}
+	if typ, _, err := dst.ReadMsg(ctx); err != nil || typ != msgTunnelOK {
+		t.Fatalf("answer %q, %v", typ, err)
+	}
+	if _, err := dst.nc.Write(chunk("request")); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond) // the request crossed: the target read it
+	fmt.Println("spliced")
+	time.Sleep(time.Hour)
+}
