@@ -107,8 +107,9 @@
 // applies the delta and starts runc again at full priority
 // (RestoreOpts.Urgent); B switches the network meanwhile (stop-and-copy;
 // the other strategies before the state comes); once the images are all
-// there B opens the gate (post-copy and hybrid: once the tunnel, page
-// proxy and lazy-pages daemon started on them) and only CRIU's restore is
+// there B opens the gate (post-copy and hybrid: once the tunnel, whose
+// connection to A it dialled as the freeze was announced, the page proxy
+// and the lazy-pages daemon started on them) and only CRIU's restore is
 // left. B counts the service restored when
 // CRIU has resumed its tasks (runc.RestoreOpts.Resumed: CRIU's
 // stats-restore), not when runc exits a few ms later; it waits for runc
