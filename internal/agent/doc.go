@@ -81,8 +81,9 @@
 // long: its final delta starts as the gate opens and sends each process's
 // pages as soon as CRIU has written them (precopy.DumpWatch), so the
 // transfer of a many-process service overlaps its dump. Every strategy
-// takes `runc restore`'s start out of the window the other way round (migration.ReadyNotice, MsgLiveLayer, FreezeNotice.LayerLive):
-// once its own runc waits at the gate, before the freeze, A sends S's
+// takes `runc restore`'s start out of the window the other way round
+// (migration.ReadyNotice, MsgLiveLayer, FreezeNotice.LayerLive): once its
+// own runc waits at the gate, before the freeze, A sends S's
 // writable layer (pre-copy's and hybrid's went in the rounds) and runc's
 // descriptors.json (written before CRIU's gate); B mounts the root file
 // system on them, starts `runc restore`, whose CRIU waits at a gate of
@@ -91,9 +92,9 @@
 // freeze, so neither runc shares the CPU with the dump. In the window A
 // sends what changed in the layer since its snapshot before the live
 // copy (sendLayerDelta; stop-and-copy and post-copy while CRIU dumps,
-// before the images; a snapshot's time is read from the layer's own file system, so
-// only entries changed within 50 ms of it are sent again whatever its
-// timestamps' granularity). A large file that changed in part (a
+// before the images; a snapshot's time is read from the layer's own file
+// system, so only entries changed within 50 ms of it are sent again
+// whatever its timestamps' granularity). A large file that changed in part (a
 // database's redo log, its tables) goes as the 64 KiB blocks that differ
 // from what the live copy sent (diffLayer, package blockdiff: A hashed
 // each block as it sent it), its entry in the delta an empty stand-in

@@ -272,8 +272,9 @@ func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 	return nil
 }
 
-// startEarly sends the writable layer delta since its live copy (sendLiveLayer) on a goroutine while CRIU dumps; sendState waits
-// for it before the images.
+// startEarly sends the writable layer delta since its live copy
+// (sendLiveLayer) on a goroutine while CRIU dumps; sendState waits for it
+// before the images.
 func (o *outgoing) startEarly() {
 	e := &earlySend{done: make(chan struct{})}
 	o.early = e

@@ -74,6 +74,9 @@ type ARNABCase struct {
 	DowntimeMs  float64 `json:"downtime_ms"`
 	TotalMs     float64 `json:"total_ms"`
 	BytesOnWire int64   `json:"bytes_on_wire"`
+	// PhasesMs is the migration's time per phase (edgehop's strategies),
+	// what the downtime was made of.
+	PhasesMs map[string]float64 `json:"phases_ms,omitempty"`
 	// Memory is DPRGen's own check of its whole state after the restore.
 	Memory string `json:"memory"`
 	// Ratios of stop-and-copy's and the rsync method's figures to this
@@ -174,7 +177,7 @@ func (e *env) arnabEdgehop(ctx context.Context, c arnabCase, strategy string, ro
 	}
 	var res migration.Result
 	merr := e.agents[src].Migrate(ctx, name, api.MigrateRequest{To: dst, Strategy: strategy, LinkBps: int64(e.st.PathRate(src, dst))}, &res)
-	row.DowntimeMs, row.TotalMs, row.BytesOnWire = res.DowntimeMs, res.TotalMs, res.BytesOnWire
+	row.DowntimeMs, row.TotalMs, row.BytesOnWire, row.PhasesMs = res.DowntimeMs, res.TotalMs, res.BytesOnWire, res.PhasesMs
 	if merr != nil {
 		return merr
 	}

@@ -10,7 +10,8 @@ type WindowPart struct {
 
 // frozenWindow splits the frozen window of the successful runs that have
 // CRIU's statistics (stop-and-copy and pre-copy dumps) into what CRIU
-// itself spends and the rest of each phase. nil when there are none.
+// itself spends and the rest of each phase; without such runs, that of the
+// lazy strategies' runs (lazyWindow). nil when there are none.
 func frozenWindow(runs []Migration) []WindowPart {
 	var criuDump, dumpRest, transfer, criuRestore, runcRestore, restoreRest, network []float64
 	for _, r := range runs {
@@ -32,9 +33,8 @@ func frozenWindow(runs []Migration) []WindowPart {
 		network = append(network, r.PhasesMs["network"])
 	}
 	if len(criuDump) == 0 {
-		return nil
+		return lazyWindow(runs)
 	}
-	p50 := func(v []float64) float64 { return Summarize(v).P50 }
 	parts := []WindowPart{
 		{"dump: CRIU", p50(criuDump), "CRIU's own frozen time (its stats-dump): seizing the tasks, their memory, files, sockets in TCP repair; no tmpfs is tarred (the cgroup tmpfs is external, /dev and /dev/shm are layer directories)"},
 		{"dump: the rest", p50(dumpRest), "the freeze (cgroup freezer), the network switch's word for a service that accepts connections, the node-side veth down, the gate's opening, CRIU's reading of its request and its work before it freezes (options, kernel feature cache, CPU features, each CPUID a VM exit here) and after the frozen time, and the agent seeing its last image; runc and CRIU start before the freeze (the migration's prepare phase) and runc finishes while the images travel (a stop-and-copy destination's runc waits at its gate from before the freeze)"},
@@ -50,3 +50,38 @@ func frozenWindow(runs []Migration) []WindowPart {
 	}
 	return append(parts, WindowPart{"network", p50(network), "held packets released and the switch completed (mostly done during the dump)"})
 }
+
+// lazyWindow is frozenWindow for post-copy and hybrid: CRIU writes a lazy
+// dump's statistics only once its pages are all served, long after the
+// window, so the dump is one part. nil without successful lazy runs that
+// have CRIU's restore statistics and the destination's account.
+func lazyWindow(runs []Migration) []WindowPart {
+	var dump, transfer, criuRestore, runcRestore, restoreRest, network []float64
+	for _, r := range runs {
+		restore, rok := r.CRIU["restore_time_us"]
+		_, lazy := r.PhasesMs["lazy"]
+		if !r.OK || !rok || !lazy || r.Restore == nil || r.Restore.RestoreMs <= 0 {
+			continue
+		}
+		dump = append(dump, r.PhasesMs["dump"])
+		transfer = append(transfer, r.PhasesMs["transfer"])
+		criuRestore = append(criuRestore, restore/1000)
+		runcRestore = append(runcRestore, r.Restore.RestoreMs-restore/1000)
+		restoreRest = append(restoreRest, r.PhasesMs["restore"]-r.Restore.RestoreMs)
+		network = append(network, r.PhasesMs["network"])
+	}
+	if len(dump) == 0 {
+		return nil
+	}
+	return []WindowPart{
+		{"dump: CRIU's lazy dump", p50(dump), "the freeze, the gate's opening and CRIU's lazy dump until its page server is ready: seizing the tasks, their files and sockets in TCP repair, and every page of the service moved into pipes for the page server (none written; CRIU's own share is not split out, as its statistics come only once the pages are all served)"},
+		{"transfer", p50(transfer), "the source sending the images without pages on the migration connection; post-copy's writable layer crossed before the freeze and its delta while CRIU dumped, hybrid's delta crosses here"},
+		{"restore: CRIU", p50(criuRestore), "CRIU's own restore time (its stats-restore): namespaces, mounts, memory areas registered with userfaultfd (no pages), files, TCP repair"},
+		{"restore: runc", p50(runcRestore), "the destination's `runc restore --lazy-pages` outside CRIU, from the gate's opening until CRIU resumed the tasks: the images' interrupted waits rewritten, CRIU's work before its restore time starts, its handing the memory to the lazy-pages daemon, runc's state written at CRIU's post-restore notification (runc's start and the root file system's mount happened before the freeze, on the live layer)"},
+		{"restore: the rest", p50(restoreRest), "the images' last bytes crossing the link, the page tunnel (dialled as the freeze was announced), page proxy and lazy-pages daemon starting on them, and the destination's report coming back"},
+		{"network", p50(network), "held packets released and the switch completed (done while the source dumped)"},
+	}
+}
+
+// p50 is the median of v.
+func p50(v []float64) float64 { return Summarize(v).P50 }

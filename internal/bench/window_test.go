@@ -47,3 +47,34 @@ func TestFrozenWindow(t *testing.T) {
 		}
 	}
 }
+
+// The lazy strategies' window: the dump is one part (CRIU has no
+// statistics for it until the pages are served), the restore split as for
+// the others.
+func TestLazyWindow(t *testing.T) {
+	run := func(dump, transfer, restore, network, restoreUs, destMs float64) Migration {
+		return Migration{OK: true, PhasesMs: map[string]float64{"dump": dump, "transfer": transfer, "restore": restore, "network": network, "lazy": 5},
+			CRIU: map[string]float64{"restore_time_us": restoreUs}, Restore: &migration.RestoreReport{RestoreMs: destMs}}
+	}
+	runs := []Migration{
+		run(20, 2, 34, 6, 12000, 18),
+		run(22, 3, 38, 7, 13000, 20),
+		run(18, 1, 30, 5, 11000, 16),
+		{OK: true, PhasesMs: map[string]float64{"dump": 500, "lazy": 5}}, // no restore statistics: not counted
+		{OK: true, PhasesMs: map[string]float64{"dump": 500}, CRIU: map[string]float64{"restore_time_us": 1}, // not lazy
+			Restore: &migration.RestoreReport{RestoreMs: 2}},
+	}
+	want := map[string]float64{"dump: CRIU's lazy dump": 20, "transfer": 2, "restore: CRIU": 12, "restore: runc": 6, "restore: the rest": 16, "network": 6}
+	parts := frozenWindow(runs)
+	if len(parts) != len(want) {
+		t.Fatalf("parts %+v", parts)
+	}
+	for _, p := range parts {
+		if w, ok := want[p.Part]; !ok || p.P50Ms != w || p.What == "" {
+			t.Errorf("%s = %.1f (%q), want %.1f and a reason", p.Part, p.P50Ms, p.What, w)
+		}
+	}
+	if frozenWindow(runs[3:]) != nil {
+		t.Error("a window from runs without the statistics it splits by")
+	}
+}
