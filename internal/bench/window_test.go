@@ -19,15 +19,7 @@ func TestFrozenWindow(t *testing.T) {
 		{OK: true, PhasesMs: map[string]float64{"dump": 500}}, // lazy: no CRIU stats
 	}
 	want := map[string]float64{"dump: CRIU": 18, "dump: the rest": 22, "transfer": 8, "restore: CRIU": 17, "restore: the rest": 33, "network": 6}
-	parts := frozenWindow(runs)
-	if len(parts) != len(want) {
-		t.Fatalf("parts %+v", parts)
-	}
-	for _, p := range parts {
-		if w, ok := want[p.Part]; !ok || p.P50Ms != w || p.What == "" {
-			t.Errorf("%s = %.1f (%q), want %.1f and a reason", p.Part, p.P50Ms, p.What, w)
-		}
-	}
+	checkParts(t, frozenWindow(runs), want)
 	if frozenWindow(runs[3:]) != nil {
 		t.Error("a window from runs without CRIU's statistics")
 	}
@@ -37,15 +29,7 @@ func TestFrozenWindow(t *testing.T) {
 	}
 	want = map[string]float64{"dump: CRIU": 18, "dump: the rest": 22, "transfer": 8, "restore: CRIU": 17, "restore: runc": 8,
 		"restore: the rest": 25, "network": 6}
-	parts = frozenWindow(runs)
-	if len(parts) != len(want) {
-		t.Fatalf("parts %+v", parts)
-	}
-	for _, p := range parts {
-		if w, ok := want[p.Part]; !ok || p.P50Ms != w || p.What == "" {
-			t.Errorf("%s = %.1f (%q), want %.1f and a reason", p.Part, p.P50Ms, p.What, w)
-		}
-	}
+	checkParts(t, frozenWindow(runs), want)
 }
 
 // The lazy strategies' window: the dump is one part (CRIU has no
@@ -65,7 +49,16 @@ func TestLazyWindow(t *testing.T) {
 			Restore: &migration.RestoreReport{RestoreMs: 2}},
 	}
 	want := map[string]float64{"dump: CRIU's lazy dump": 20, "transfer": 2, "restore: CRIU": 12, "restore: runc": 6, "restore: the rest": 16, "network": 6}
-	parts := frozenWindow(runs)
+	checkParts(t, frozenWindow(runs), want)
+	if frozenWindow(runs[3:]) != nil {
+		t.Error("a window from runs without the statistics it splits by")
+	}
+}
+
+// checkParts fails t unless parts are exactly want's, each with its median
+// and a reason.
+func checkParts(t *testing.T, parts []WindowPart, want map[string]float64) {
+	t.Helper()
 	if len(parts) != len(want) {
 		t.Fatalf("parts %+v", parts)
 	}
@@ -73,8 +66,5 @@ func TestLazyWindow(t *testing.T) {
 		if w, ok := want[p.Part]; !ok || p.P50Ms != w || p.What == "" {
 			t.Errorf("%s = %.1f (%q), want %.1f and a reason", p.Part, p.P50Ms, p.What, w)
 		}
-	}
-	if frozenWindow(runs[3:]) != nil {
-		t.Error("a window from runs without the statistics it splits by")
 	}
 }
