@@ -14,11 +14,13 @@ import (
 // process with the environment variable env set to value (the test sees
 // it and plays the child's part), and returns once the child printed a
 // line containing marker: the caller can then kill it at that point. The
-// child is killed and waited for at cleanup.
+// child is killed and waited for at cleanup. Its temporary directories
+// (TMPDIR) lie in one of the caller's, removed with it: a killed child
+// never removes its own.
 func Child(t *testing.T, name, env, value, marker string) *os.Process {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+name+"$", "-test.v")
-	cmd.Env = append(os.Environ(), env+"="+value)
+	cmd.Env = append(os.Environ(), env+"="+value, "TMPDIR="+t.TempDir())
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
