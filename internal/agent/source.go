@@ -249,7 +249,9 @@ func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 			return fmt.Errorf("writable layer: %w", err)
 		}
 		sums := blockdiff.NewIndex()
-		opts.Name, opts.Overlay, opts.Tee = "upper", true, teeSums(sums)
+		// The service runs: its files come and go meanwhile (the delta
+		// in the frozen window settles them).
+		opts.Name, opts.Overlay, opts.Live, opts.Tee = "upper", true, true, teeSums(sums)
 		st, err := o.conn.SendDir(ctx, upper, opts)
 		if err != nil {
 			return fmt.Errorf("send writable layer: %w", err)
@@ -257,7 +259,7 @@ func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 		o.addSent(st)
 		o.layer, o.layerSums = snap, sums
 	}
-	opts.Name, opts.Overlay = "descriptors", false
+	opts.Name, opts.Overlay, opts.Live, opts.Tee = "descriptors", false, false, nil
 	st, err := o.conn.SendFile(ctx, filepath.Join(o.rec.ImageDir, runc.DescriptorsFile), opts)
 	if err != nil {
 		return fmt.Errorf("send runc's descriptors: %w", err)
