@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -225,9 +226,73 @@ func (f *finalSend) halt() {
 // live layer, goes on or starts again on it. (A service CRIU had to
 // freeze itself sends it after the dump, still before the images.)
 type earlySend struct {
-	done  chan struct{} // closed with layer and err set
+	done  chan struct{} // closed with layer and err set (and images, imgErr)
 	layer deltaSent
 	err   error
+	// feed, when set, named the pages images as CRIU wrote them, and the
+	// images followed the delta on this stream (imageFeed).
+	feed   *imageFeed
+	images transfer.Stats
+	imgErr error
+}
+
+// imageFeed names each pages image (and its pagemap) CRIU closes while it
+// dumps (linux.WatchWritten), for transfer.Conn.SendDirAsWritten: a
+// stop-and-copy service's memory, nearly all of its images, crosses while
+// CRIU goes on with its sockets, files and namespaces, and only the
+// small images are left once it is done. CRIU writes each of these images
+// once; a name the watch missed (its queue full or overflowed) goes with
+// the rest.
+type imageFeed struct {
+	names chan string   // closed once the dump is done and the watch stopped
+	halt  chan struct{} // closed instead when the dump failed
+	ended chan struct{} // closed once names or halt is
+}
+
+// feedImages starts an imageFeed on the dump's image directory, before
+// CRIU writes anything there. It ends as the dump does; nil when the
+// directory cannot be watched (the images then go once the dump is done).
+func (o *outgoing) feedImages() *imageFeed {
+	f := &imageFeed{names: make(chan string, 1024), halt: make(chan struct{}), ended: make(chan struct{})}
+	stop, err := linux.WatchWritten(o.rec.ImageDir, func(name string) bool {
+		if isPagesImage(name) {
+			select {
+			case f.names <- name:
+			default: // the walk after the dump sends it
+			}
+		}
+		return true
+	}, nil)
+	if err != nil {
+		o.a.log.Warn("the images wait for the whole dump", "container", o.rec.Container, "err", err)
+		return nil
+	}
+	ck := o.ck
+	o.cleanup = append(o.cleanup, func() { o.fcancel(); <-f.ended })
+	go func() {
+		defer close(f.ended)
+		ok := false
+		select {
+		case <-ck.ready:
+			ok = true
+		case <-ck.done:
+			ok = ck.err == nil
+		case <-o.fctx.Done():
+		}
+		stop() // no name is sent after this
+		if ok {
+			close(f.names)
+		} else {
+			close(f.halt)
+		}
+	}()
+	return f
+}
+
+// isPagesImage reports CRIU's images of a process's memory: pages-N.img
+// and pagemap-N.img (and pagemap-shmem-N.img).
+func isPagesImage(name string) bool {
+	return strings.HasSuffix(name, ".img") && (strings.HasPrefix(name, "pages-") || strings.HasPrefix(name, "pagemap-"))
 }
 
 // sendLiveLayer sends, while the service still runs, its writable layer
@@ -276,10 +341,14 @@ func (o *outgoing) sendLiveLayer(ctx context.Context) error {
 
 // startEarly sends the writable layer delta since its live copy
 // (sendLiveLayer) on a goroutine while CRIU dumps; sendState waits for it
-// before the images.
-func (o *outgoing) startEarly() {
+// before the images. Called before CRIU writes, with images the images
+// follow the delta on that goroutine as CRIU writes them (feedImages).
+func (o *outgoing) startEarly(images bool) {
 	e := &earlySend{done: make(chan struct{})}
 	o.early = e
+	if images {
+		e.feed = o.feedImages()
+	}
 	ctx := o.fctx
 	// Whatever ends the migration, the stream is over before the
 	// connection is.
@@ -292,6 +361,12 @@ func (o *outgoing) startEarly() {
 		var err error
 		if e.layer, err = sendLayerDelta(ctx, o.conn, upper, o.layer, o.layerSums, opts); err != nil {
 			e.err = fmt.Errorf("send writable layer delta: %w", err)
+			return
+		}
+		if f := e.feed; f != nil {
+			opts = o.send
+			opts.Name = "images"
+			e.images, e.imgErr = o.conn.SendDirAsWritten(ctx, o.rec.ImageDir, f.names, f.halt, opts)
 		}
 	}()
 }
@@ -865,7 +940,7 @@ func (o *outgoing) dump() error {
 	}
 	if o.layerFirst && o.paused {
 		// Frozen here (not by CRIU): the layer no longer changes.
-		o.startEarly()
+		o.startEarly(!lazy)
 	}
 	ck.gate.Open()
 	if !lazy {
@@ -940,7 +1015,7 @@ func (o *outgoing) sendState() error {
 			if o.early == nil {
 				// CRIU froze the service: its layer is still only
 				// now that the dump is done.
-				o.startEarly()
+				o.startEarly(false)
 			}
 			<-o.early.done
 			o.addSent(o.early.layer.st)
@@ -949,7 +1024,14 @@ func (o *outgoing) sendState() error {
 				return o.peerReason(o.early.err)
 			}
 		}
-		st1, err := o.conn.SendDir(ctx, o.rec.ImageDir, opts)
+		var st1 transfer.Stats
+		var err error
+		if o.early != nil && o.early.feed != nil {
+			st1, err = o.early.images, o.early.imgErr
+			o.res.ImagesEarly = int(st1.EarlyFiles)
+		} else {
+			st1, err = o.conn.SendDir(ctx, o.rec.ImageDir, opts)
+		}
 		if err != nil {
 			return o.peerReason(fmt.Errorf("send images: %w", err))
 		}

@@ -38,7 +38,7 @@ func frozenWindow(runs []Migration) []WindowPart {
 	parts := []WindowPart{
 		{"dump: CRIU", p50(criuDump), "CRIU's own frozen time (its stats-dump): seizing the tasks, their memory, files, sockets in TCP repair; no tmpfs is tarred (the cgroup tmpfs is external, /dev and /dev/shm are layer directories)"},
 		{"dump: the rest", p50(dumpRest), "the freeze (cgroup freezer), the network switch's word for a service that accepts connections, the node-side veth down, the gate's opening, CRIU's reading of its request and its work before it freezes (options, kernel feature cache, CPU features, each CPUID a VM exit here) and after the frozen time, and the agent seeing its last image; runc and CRIU start before the freeze (the migration's prepare phase) and runc finishes while the images travel (a stop-and-copy destination's runc waits at its gate from before the freeze)"},
-		{"transfer", p50(transfer), "the source sending the images on the migration connection (zstd when it pays), until its socket took the last byte; stop-and-copy's writable layer crossed before the freeze and its delta while CRIU dumped, the other strategies send it here"},
+		{"transfer", p50(transfer), "the source sending the images on the migration connection (zstd when it pays), until its socket took the last byte; stop-and-copy's writable layer crossed before the freeze, its delta and each process's pages while CRIU dumped (pre-copy's pages too), the other strategies send the delta here"},
 		{"restore: CRIU", p50(criuRestore), "CRIU's own restore time (its stats-restore): namespaces, mounts, memory, files, TCP repair"},
 	}
 	if len(runcRestore) == len(criuRestore) {

@@ -1127,6 +1127,7 @@ if [ $((i % 100)) = 0 ]; then n=$(wc -c < /big); if [ "$n" = 4194304 ]; then ech
 				serviceMig
 				LayerPatched    int   `json:"layer_patched"`
 				LayerPatchBytes int64 `json:"layer_patch_bytes"`
+				ImagesEarly     int   `json:"images_early"`
 				Precopy         struct {
 					LayerBytes   int64 `json:"layer_bytes"`
 					LayerChanged int   `json:"layer_changed"`
@@ -1142,7 +1143,10 @@ if [ $((i % 100)) = 0 ]; then n=$(wc -c < /big); if [ "$n" = 4194304 ]; then ech
 			if m.strategy == "pre-copy" && (res.Precopy.LayerBytes <= 0 || res.Precopy.LayerChanged <= 0) {
 				t.Errorf("migration %d of %s: layer sent live %d B, %d entries again: the live copy or the delta did not happen", i, name, res.Precopy.LayerBytes, res.Precopy.LayerChanged)
 			}
-			t.Logf("migration %d of %s -> %s (%s): downtime %.1f ms, live layer %q, %d files patched (%d bytes)", i, name, m.to, m.strategy, res.DowntimeMs, res.Destination.LiveLayer, res.LayerPatched, res.LayerPatchBytes)
+			if m.strategy == "stop-and-copy" && res.ImagesEarly < 2 {
+				t.Errorf("migration %d of %s: %d images sent while CRIU dumped, want each process's pages and pagemap (at least 2)", i, name, res.ImagesEarly)
+			}
+			t.Logf("migration %d of %s -> %s (%s): downtime %.1f ms, live layer %q, %d files patched (%d bytes), %d images early", i, name, m.to, m.strategy, res.DowntimeMs, res.Destination.LiveLayer, res.LayerPatched, res.LayerPatchBytes, res.ImagesEarly)
 			if name == "p" && (res.LayerPatched != 1 || res.LayerPatchBytes <= 0 || res.LayerPatchBytes > 1<<20) {
 				t.Errorf("migration %d of p: %d files patched with %d bytes, want its 4 MiB file as its changed blocks (under 1 MiB)", i, res.LayerPatched, res.LayerPatchBytes)
 			}

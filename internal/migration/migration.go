@@ -163,7 +163,10 @@ type Result struct {
 	// LayerPatchBytes those blocks' bytes.
 	LayerPatched    int   `json:"layer_patched,omitempty"`
 	LayerPatchBytes int64 `json:"layer_patch_bytes,omitempty"`
-	Compressed      bool  `json:"compressed"`
+	// ImagesEarly counts stop-and-copy's images (processes' pages and
+	// pagemaps) sent while CRIU went on dumping.
+	ImagesEarly int  `json:"images_early,omitempty"`
+	Compressed  bool `json:"compressed"`
 	// CompressionNote says why auto compression was on or off.
 	CompressionNote string             `json:"compression_note,omitempty"`
 	CRIU            map[string]float64 `json:"criu,omitempty"`

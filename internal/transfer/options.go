@@ -141,6 +141,9 @@ type Stats struct {
 	// sockets; Hardlinks counts names that were sent as links to an
 	// earlier entry. Both stay zero without SendOptions.Overlay.
 	Specials, Hardlinks int64
+	// EarlyFiles counts the files SendDirAsWritten sent as they were
+	// named, before the directory was complete.
+	EarlyFiles int64
 	// PayloadBytes is the content moved: file or object bytes before
 	// compression, holes included.
 	PayloadBytes int64

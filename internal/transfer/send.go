@@ -38,7 +38,31 @@ func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (St
 		return Stats{}, fmt.Errorf("send dir %s: not a directory", srcDir)
 	}
 	st, err := c.sendStream(ctx, streamHeader{Kind: streamDir}, opts, func(p *producer) error {
-		return p.walk(root, opts.Overlay, opts.Live)
+		return p.walk(root, opts.Overlay, opts.Live, nil)
+	})
+	if err != nil {
+		return st, fmt.Errorf("send dir %s: %w", srcDir, err)
+	}
+	return st, nil
+}
+
+// SendDirAsWritten sends the flat directory srcDir (no subdirectories) as
+// SendDir does, for RecvDir on the other side, while its files are still
+// being written: each regular file named on written (a name in srcDir,
+// which its writer closed and will not change again) goes as soon as it
+// is named, and once written is closed, the directory complete, a walk
+// sends the files not sent yet. Names of files sent already, or not in
+// srcDir, are ignored. Closing halt instead ends the stream with an abort
+// and returns ErrHalted: the receiver gets ErrAborted, the connection
+// stays usable. opts.Overlay and opts.Live do not apply; the root's
+// entry goes first, with its times as the stream begins.
+func (c *Conn) SendDirAsWritten(ctx context.Context, srcDir string, written <-chan string, halt <-chan struct{}, opts SendOptions) (Stats, error) {
+	root, err := filepath.EvalSymlinks(srcDir)
+	if err != nil {
+		return Stats{}, fmt.Errorf("send dir %s: %w", srcDir, err)
+	}
+	st, err := c.sendStream(ctx, streamHeader{Kind: streamDir}, opts, func(p *producer) error {
+		return p.walkAsWritten(root, written, halt)
 	})
 	if err != nil {
 		return st, fmt.Errorf("send dir %s: %w", srcDir, err)
@@ -310,7 +334,7 @@ func newProducer(ctx context.Context, out chan<- item, opts SendOptions, enc *zs
 // fill copies the producer's accounting into st. Call after it finished.
 func (p *producer) fill(st *Stats) {
 	st.Files, st.Dirs, st.Symlinks = p.st.Files, p.st.Dirs, p.st.Symlinks
-	st.Specials, st.Hardlinks = p.st.Specials, p.st.Hardlinks
+	st.Specials, st.Hardlinks, st.EarlyFiles = p.st.Specials, p.st.Hardlinks, p.st.EarlyFiles
 	st.PayloadBytes = p.st.PayloadBytes
 	st.Chunks, st.CompressedChunks, st.ZeroChunks = p.st.Chunks, p.st.CompressedChunks, p.st.ZeroChunks
 	st.CompressedBytes, st.ZeroBytes = p.st.CompressedBytes, p.st.ZeroBytes
@@ -376,15 +400,12 @@ type fileID struct{ dev, ino uint64 }
 
 // walk sends the tree under root in lexical order, parents first. With
 // overlay it also sends special files, hard links and extended attributes.
-func (p *producer) walk(root string, overlay, live bool) error {
+// Entries named in skip (paths relative to root) are left out.
+func (p *producer) walk(root string, overlay, live bool, skip map[string]bool) error {
 	links := map[fileID]string{} // first path of each inode with more than one link
-	// gone reports an entry of a live tree removed since it was listed.
-	gone := func(path string, err error) bool {
-		return live && path != root && errors.Is(err, fs.ErrNotExist)
-	}
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
-			if gone(path, err) {
+			if live && path != root && errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
 			return err
@@ -397,94 +418,157 @@ func (p *producer) walk(root string, overlay, live bool) error {
 			return err
 		}
 		rel = filepath.ToSlash(rel)
-		info, err := d.Info()
-		if err != nil {
-			if gone(path, err) {
-				return nil
+		if skip[rel] {
+			return nil
+		}
+		return p.sendPath(root, path, rel, d, links, overlay, live)
+	})
+}
+
+// sendPath sends the entry at path (rel to the stream's root), and a
+// regular file's content. links records hard-linked inodes sent so far.
+// An entry of a live tree removed meanwhile is left out.
+func (p *producer) sendPath(root, path, rel string, d fs.DirEntry, links map[fileID]string, overlay, live bool) error {
+	// gone reports an entry of a live tree removed since it was listed.
+	gone := func(err error) bool {
+		return live && path != root && errors.Is(err, fs.ErrNotExist)
+	}
+	info, err := d.Info()
+	if err != nil {
+		if gone(err) {
+			return nil
+		}
+		return err
+	}
+	e := entry{Path: rel, Mode: uint32(info.Mode() & modeMask), MTime: info.ModTime().UnixNano()}
+	sys, _ := info.Sys().(*syscall.Stat_t)
+	if sys != nil {
+		e.UID, e.GID = int(sys.Uid), int(sys.Gid)
+	}
+	// skip leaves out an entry of a live tree that vanished, and
+	// forgets it as the first name of its inode.
+	var linkID *fileID
+	skip := func() error {
+		if linkID != nil {
+			delete(links, *linkID)
+		}
+		return nil
+	}
+	if overlay {
+		if sys != nil && !d.IsDir() && sys.Nlink > 1 {
+			id := fileID{dev: sys.Dev, ino: sys.Ino}
+			if first, ok := links[id]; ok {
+				p.st.Hardlinks++
+				return p.sendEntry(entry{Path: rel, Type: entryHardlink, Target: first})
+			}
+			links[id], linkID = rel, &id
+		}
+		if e.Xattrs, err = linux.Lxattrs(path, keepXattr); err != nil {
+			if gone(err) {
+				return skip()
 			}
 			return err
 		}
-		e := entry{Path: rel, Mode: uint32(info.Mode() & modeMask), MTime: info.ModTime().UnixNano()}
-		sys, _ := info.Sys().(*syscall.Stat_t)
-		if sys != nil {
-			e.UID, e.GID = int(sys.Uid), int(sys.Gid)
+	}
+	switch {
+	case d.IsDir():
+		e.Type = entryDir
+		p.st.Dirs++
+		return p.sendEntry(e)
+	case d.Type()&fs.ModeSymlink != 0:
+		e.Type = entrySymlink
+		e.Mode = 0
+		if e.Target, err = os.Readlink(path); err != nil {
+			if gone(err) {
+				return skip()
+			}
+			return err
 		}
-		// skip leaves out an entry of a live tree that vanished, and
-		// forgets it as the first name of its inode.
-		var linkID *fileID
-		skip := func() error {
-			if linkID != nil {
-				delete(links, *linkID)
+		p.st.Symlinks++
+		return p.sendEntry(e)
+	case d.Type().IsRegular():
+		e.Type = entryFile
+		f, err := os.Open(path)
+		if err != nil {
+			if gone(err) {
+				return skip()
 			}
-			return nil
+			return err
 		}
-		if overlay {
-			if sys != nil && !d.IsDir() && sys.Nlink > 1 {
-				id := fileID{dev: sys.Dev, ino: sys.Ino}
-				if first, ok := links[id]; ok {
-					p.st.Hardlinks++
-					return p.sendEntry(entry{Path: rel, Type: entryHardlink, Target: first})
-				}
-				links[id], linkID = rel, &id
-			}
-			if e.Xattrs, err = linux.Lxattrs(path, keepXattr); err != nil {
-				if gone(path, err) {
-					return skip()
-				}
-				return err
+		defer f.Close()
+		p.st.Files++
+		if err := p.sendEntry(e); err != nil {
+			return err
+		}
+		var r io.Reader = f
+		if p.tee != nil {
+			if w := p.tee(rel, info); w != nil {
+				r = io.TeeReader(f, w)
 			}
 		}
-		switch {
-		case d.IsDir():
-			e.Type = entryDir
-			p.st.Dirs++
-			return p.sendEntry(e)
-		case d.Type()&fs.ModeSymlink != 0:
-			e.Type = entrySymlink
-			e.Mode = 0
-			if e.Target, err = os.Readlink(path); err != nil {
-				if gone(path, err) {
-					return skip()
-				}
-				return err
+		if err := p.copyFrom(r); err != nil {
+			return fmt.Errorf("read %s: %w", path, err)
+		}
+		return nil
+	case overlay && sys != nil && specialType(d.Type()) != "":
+		e.Type = specialType(d.Type())
+		if d.Type()&fs.ModeDevice != 0 {
+			e.Major, e.Minor = linux.DeviceNumbers(sys.Rdev)
+		}
+		p.st.Specials++
+		return p.sendEntry(e)
+	default:
+		return fmt.Errorf("%s: unsupported file type %v", path, d.Type())
+	}
+}
+
+// ErrHalted ends a stream of SendDirAsWritten whose halt was closed.
+var ErrHalted = errors.New("halted by the sender")
+
+// walkAsWritten is SendDirAsWritten's producer: the root, then each file
+// named on written as it comes, then the rest of the tree once written is
+// closed.
+func (p *producer) walkAsWritten(root string, written <-chan string, halt <-chan struct{}) error {
+	links := map[fileID]string{}
+	fi, err := os.Lstat(root)
+	if err != nil {
+		return err
+	}
+	if err := p.sendPath(root, root, ".", fs.FileInfoToDirEntry(fi), links, false, false); err != nil {
+		return err
+	}
+	sent := map[string]bool{".": true}
+	for {
+		select {
+		case name, ok := <-written:
+			if !ok {
+				return p.walk(root, false, false, sent)
 			}
-			p.st.Symlinks++
-			return p.sendEntry(e)
-		case d.Type().IsRegular():
-			e.Type = entryFile
-			f, err := os.Open(path)
+			if name == "" || name == "." || name == ".." || filepath.Base(name) != name || sent[name] {
+				continue
+			}
+			path := filepath.Join(root, name)
+			fi, err := os.Lstat(path)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // the walk sends it if it comes back
+			}
 			if err != nil {
-				if gone(path, err) {
-					return skip()
-				}
 				return err
 			}
-			defer f.Close()
-			p.st.Files++
-			if err := p.sendEntry(e); err != nil {
+			if !fi.Mode().IsRegular() {
+				continue // the walk sends it, or refuses it
+			}
+			sent[name] = true
+			if err := p.sendPath(root, path, name, fs.FileInfoToDirEntry(fi), links, false, false); err != nil {
 				return err
 			}
-			var r io.Reader = f
-			if p.tee != nil {
-				if w := p.tee(rel, info); w != nil {
-					r = io.TeeReader(f, w)
-				}
-			}
-			if err := p.copyFrom(r); err != nil {
-				return fmt.Errorf("read %s: %w", path, err)
-			}
-			return nil
-		case overlay && sys != nil && specialType(d.Type()) != "":
-			e.Type = specialType(d.Type())
-			if d.Type()&fs.ModeDevice != 0 {
-				e.Major, e.Minor = linux.DeviceNumbers(sys.Rdev)
-			}
-			p.st.Specials++
-			return p.sendEntry(e)
-		default:
-			return fmt.Errorf("%s: unsupported file type %v", path, d.Type())
+			p.st.EarlyFiles++
+		case <-halt:
+			return ErrHalted
+		case <-p.ctx.Done():
+			return p.ctx.Err()
 		}
-	})
+	}
 }
 
 // specialType returns the entry type of a special file's type bits, or "".
