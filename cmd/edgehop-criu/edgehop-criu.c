@@ -158,7 +158,7 @@ int main(int argc, char **argv)
 		char t[24];
 
 		snprintf(t, sizeof(t), "%ld", type);
-		setenv("EDGEHOP_CRIU_REQUEST", t, 1);
+		setenv(ENV_REQUEST, t, 1);
 	}
 	run_criu(criu, argv);
 	return 127;

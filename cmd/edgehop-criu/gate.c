@@ -21,6 +21,15 @@
  * applies the request's level over its configuration file's): see recv
  * below.
  *
+ * With EDGEHOP_CRIU_GATE_LATE set (the agent checked that CRIU imports
+ * the calls below) it waits later than its constructor (late_gate): CRIU reads runc's
+ * request and prepares before the gate opens (its kernel probes, which
+ * its feature cache leaves out, and its CPU's, each CPUID a VM exit here:
+ * about a millisecond; a dump's cgroups and inventory too). A dump waits
+ * right before it seizes the service's tasks, while the service still
+ * runs; a restore right before it opens its first image, as the images
+ * are all there only once the gate opens.
+ *
  * It takes itself out of the environment first, so that nothing CRIU
  * runs (a helper, an action script) loads it. With EDGEHOP_CRIU_GATE_PROBE
  * set it prints "edgehop-criu-gate" and, when /proc/self/limits reads as
@@ -30,9 +39,11 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/ptrace.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 
@@ -136,6 +147,144 @@ static int limits_from_proc(long pid, long res, struct rlimit64 *lim)
 }
 
 /*
+ * late_gate is the gate CRIU is still to pass (ENV_GATE_WAIT), empty once
+ * passed or when the constructor waited. A dump (CRIU 4.2) sets up its
+ * SIGALRM handler (setup_alarm_handler, sigaction), then starts
+ * collect_pstree, which arms the alarm, freezes the tasks' cgroup (the
+ * agent froze it already) and seizes them (PTRACE_SEIZE): the first of
+ * these calls passes the gate, so a CRIU that changed their order still
+ * waits before it touches a task. Nothing before them touches the service
+ * or writes an image. A restore passes it as it opens its first image
+ * (check_img_inventory's).
+ */
+static char late_gate[108];
+/* late_pid is CRIU's own process: a child it forks (a probe of the
+ * kernel that ptraces itself, a namespace's dumper) has no gate to pass. */
+static pid_t late_pid;
+/* late_dump: the late gate is a dump's (else a restore's). */
+static int late_dump;
+
+static void pass_late_gate(void)
+{
+	char name[sizeof(late_gate)];
+
+	if (!late_gate[0] || getpid() != late_pid)
+		return;
+	memcpy(name, late_gate, sizeof(name));
+	late_gate[0] = '\0';
+	if (await_gate(name) < 0)
+		_exit(1);
+}
+
+/* sigaction stands in for libc's: SIGALRM's handler is the late gate. */
+int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+	static int (*next)(int, const struct sigaction *, struct sigaction *);
+
+	if (sig == SIGALRM && act && late_dump)
+		pass_late_gate();
+	if (!next)
+		next = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return next(sig, act, old);
+}
+
+/* alarm stands in for libc's: collect_pstree arms it first. */
+unsigned int alarm(unsigned int seconds)
+{
+	static unsigned int (*next)(unsigned int);
+
+	if (late_dump)
+		pass_late_gate();
+	if (!next)
+		next = (unsigned int (*)(unsigned int))dlsym(RTLD_NEXT, "alarm");
+	return next ? next(seconds) : 0;
+}
+
+/* ptrace stands in for libc's: nothing seizes a task past the gate
+ * (compel seizes; CRIU's probes of the kernel attach to children of its
+ * own with PTRACE_ATTACH, before it reads the request's tasks). */
+long ptrace(enum __ptrace_request req, ...)
+{
+	static long (*next)(enum __ptrace_request, ...);
+	void *pid, *addr, *data;
+	va_list ap;
+
+	va_start(ap, req);
+	pid = va_arg(ap, void *);
+	addr = va_arg(ap, void *);
+	data = va_arg(ap, void *);
+	va_end(ap);
+	if (req == PTRACE_SEIZE && late_dump)
+		pass_late_gate();
+	if (!next)
+		next = (long (*)(enum __ptrace_request, ...))dlsym(RTLD_NEXT, "ptrace");
+	if (!next) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return next(req, pid, addr, data);
+}
+
+/* is_image: path names a CRIU image (NAME.img). */
+static int is_image(const char *path)
+{
+	size_t n = path ? strlen(path) : 0;
+
+	return n > 4 && strcmp(path + n - 4, ".img") == 0;
+}
+
+/* open_mode reads an open's mode argument, there when it may create. */
+#define open_mode(flags, last)                                 \
+	({                                                     \
+		mode_t m_ = 0;                                 \
+		if ((flags) & (O_CREAT | O_TMPFILE)) {         \
+			va_list ap_;                           \
+			va_start(ap_, last);                   \
+			m_ = va_arg(ap_, mode_t);              \
+			va_end(ap_);                           \
+		}                                              \
+		m_;                                            \
+	})
+
+/* next_open returns libc's name (looked up once into *next), passing a
+ * restore's late gate at its first image: errno ENOSYS and NULL when libc
+ * has no such call. */
+static void *next_open(void **next, const char *name, const char *path)
+{
+	if (!late_dump && is_image(path))
+		pass_late_gate();
+	if (!*next)
+		*next = dlsym(RTLD_NEXT, name);
+	if (!*next)
+		errno = ENOSYS;
+	return *next;
+}
+
+/*
+ * openat64 and open64 stand in for libc's (CRIU's opens, _FILE_OFFSET_BITS
+ * 64): a restore's first image (its inventory) is its late gate.
+ */
+int openat64(int dirfd, const char *path, int flags, ...)
+{
+	static void *libc;
+	int (*next)(int, const char *, int, ...) = next_open(&libc, "openat64", path);
+
+	return next ? next(dirfd, path, flags, open_mode(flags, flags)) : -1;
+}
+
+int open64(const char *path, int flags, ...)
+{
+	static void *libc;
+	int (*next)(const char *, int, ...) = next_open(&libc, "open64", path);
+
+	return next ? next(path, flags, open_mode(flags, flags)) : -1;
+}
+
+/*
  * syscall stands in for libc's in CRIU, which reads a dumped process's
  * rlimits with syscall(__NR_prlimit64, pid, res, NULL, &lim)
  * (dump_task_rlimits). Every call goes to libc's; only a read of another
@@ -159,6 +308,8 @@ long syscall(long nr, ...)
 		errno = ENOSYS;
 		return -1;
 	}
+	if (nr == SYS_ptrace && a[0] == PTRACE_SEIZE && late_dump)
+		pass_late_gate();
 	ret = next(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 	if (ret < 0 && errno == EPERM && nr == SYS_prlimit64 && a[0] > 0 && a[0] != getpid() && a[2] == 0 && a[3] != 0) {
 		err = errno;
@@ -329,6 +480,8 @@ __attribute__((constructor)) static void edgehop_criu_gate(void)
 	const char *wait = getenv(ENV_GATE_WAIT);
 	const char *probe = getenv(ENV_GATE_PROBE);
 	const char *level = getenv(ENV_LOG_LEVEL);
+	const char *req = getenv(ENV_REQUEST);
+	const char *late = getenv(ENV_GATE_LATE);
 	char name[108] = "", *end;
 	long l;
 
@@ -337,6 +490,7 @@ __attribute__((constructor)) static void edgehop_criu_gate(void)
 	unsetenv("LD_PRELOAD");
 	unsetenv(ENV_GATE_WAIT);
 	unsetenv(ENV_GATE_PROBE);
+	unsetenv(ENV_GATE_LATE);
 	if (level) {
 		errno = 0;
 		l = strtol(level, &end, 10);
@@ -350,6 +504,13 @@ __attribute__((constructor)) static void edgehop_criu_gate(void)
 		size_t len = strlen(word);
 
 		_exit(write(STDOUT_FILENO, word, len) == (ssize_t)len ? 0 : 1);
+	}
+	if (wait && late && req && (strcmp(req, "1") == 0 || strcmp(req, "2") == 0)) {
+		/* A dump or a restore (criu_req_type): CRIU prepares first. */
+		memcpy(late_gate, name, sizeof(late_gate));
+		late_pid = getpid();
+		late_dump = req[0] == '1';
+		return;
 	}
 	if (wait && await_gate(name) < 0)
 		_exit(1);

@@ -21,6 +21,10 @@
 #define ENV_GATE_WAIT "EDGEHOP_CRIU_GATE_WAIT"
 /* Makes the preloaded library answer and exit (the agent's check). */
 #define ENV_GATE_PROBE "EDGEHOP_CRIU_GATE_PROBE"
+/* Set by the agent when CRIU imports the calls the late gate needs. */
+#define ENV_GATE_LATE "EDGEHOP_CRIU_GATE_LATE"
+/* The request's criu_req_type, set by the shim (1: dump, 2: restore). */
+#define ENV_REQUEST "EDGEHOP_CRIU_REQUEST"
 /* The level CRIU logs at, set by the agent (runc asks for 4, debug). */
 #define ENV_LOG_LEVEL "EDGEHOP_CRIU_LOG_LEVEL"
 

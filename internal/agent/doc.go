@@ -69,9 +69,11 @@
 // in C in front of the real criu; runc.Gate) waits at a gate once runc has
 // started, probed CRIU's version (answered by the shim from CRIU's reply
 // recorded at start, on both nodes) and prepared the dump; with the
-// shim's gate library (runc.GateLibName) the real CRIU has started too,
-// and waits in that library's constructor, so its exec and the loading of
-// its shared libraries (3-7 ms here) also fall before the freeze. A
+// shim's gate library (runc.GateLibName) the real CRIU has started too
+// (its exec and the loading of its shared libraries: 3-7 ms here), read
+// runc's request and prepared the dump (its kernel and CPU probes, its
+// cgroups: ~3 ms), and waits right before it seizes S's tasks; B's CRIU
+// likewise waits right before it reads its first image. A
 // freezes S and opens the gate, and calls the dump off (S untouched) on
 // any failure before it. This start counts in the migration's prepare
 // phase; its dump phase runs from the freeze to CRIU's last image. CRIU

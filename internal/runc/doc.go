@@ -19,9 +19,11 @@
 // Resumed comes when CRIU has resumed the restored tasks, before runc is
 // done, and a runc failing after that keeps a container that runs. With
 // the shim's gate library next to it (GateLibName, checked once to load
-// into this criu), the real CRIU starts before the gate and waits in the
-// library's constructor, so its exec and dynamic loading fall before the
-// gate opens too; a criu run with real ids not its effective ones (a
+// into this criu), the real CRIU starts before the gate, reads runc's
+// request and prepares, and waits in the library right before it touches
+// the service (a dump: as it would seize the tasks) or reads an image (a
+// restore), so its exec, dynamic loading, kernel and CPU probes fall
+// before the gate opens too; a criu run with real ids not its effective ones (a
 // secure exec: LD_PRELOAD ignored) is started by the shim after the gate.
 // The library, preloaded into every dump and restore, also answers
 // CRIU's reads of a process's rlimits that the kernel refuses to a root

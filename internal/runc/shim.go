@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"debug/elf"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -40,7 +41,16 @@ const (
 	shimEnvGateLib = "EDGEHOP_CRIU_GATE_LIB"
 	gateEnvLevel   = "EDGEHOP_CRIU_LOG_LEVEL"
 	gateEnvProbe   = "EDGEHOP_CRIU_GATE_PROBE"
+	gateEnvLate    = "EDGEHOP_CRIU_GATE_LATE"
 )
+
+// lateGateCalls are the C library calls at which the gate library holds
+// a CRIU that has prepared (cmd/edgehop-criu/gate.c): a dump's SIGALRM
+// handler, alarm and PTRACE_SEIZE, a restore's first open of an image.
+// CRIU must import them all for the library to stand in for them;
+// otherwise CRIU waits in the library's constructor, before it reads the
+// request.
+var lateGateCalls = []string{"sigaction", "alarm", "ptrace", "openat64"}
 
 // versionReplyFile is where, under Root, the Runtime keeps CRIU's reply
 // to a version request for the shim to replay. runc lists only
@@ -55,6 +65,8 @@ type shimState struct {
 	// rlimits: the gate library answers CRIU's rlimit reads the kernel
 	// refuses (its probe read /proc/self/limits as getrlimit does).
 	rlimits bool
+	// late: CRIU imports lateGateCalls, so it prepares before it waits.
+	late bool
 }
 
 // shimEnv is the environment that makes runc use the shim: the real criu
@@ -80,6 +92,11 @@ func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
 			return
 		}
 		r.shim.gateLib, r.shim.rlimits = lib, rlimits
+		if missing, err := missingImports(criu, lateGateCalls); err != nil || len(missing) > 0 {
+			r.logger().Info("CRIU waits at its gate before it reads its request", "criu", criu, "missing", missing, "err", err)
+			return
+		}
+		r.shim.late = true
 	})
 	env := []string{shimEnvCRIU + "=" + criu}
 	if r.shim.version != "" {
@@ -87,6 +104,9 @@ func (r *Runtime) shimEnv(ctx context.Context, criu string) []string {
 	}
 	if r.shim.gateLib != "" {
 		env = append(env, shimEnvGateLib+"="+r.shim.gateLib)
+		if r.shim.late {
+			env = append(env, gateEnvLate+"=1")
+		}
 		if r.CRIULogLevel > 0 {
 			env = append(env, gateEnvLevel+"="+strconv.Itoa(r.CRIULogLevel))
 		}
@@ -114,6 +134,32 @@ func probeGateLib(ctx context.Context, criu, lib string) (rlimits bool, err erro
 		first, _, _ := strings.Cut(got, "\n")
 		return false, fmt.Errorf("criu --version with the library preloaded said %q (%v)", first, err)
 	}
+}
+
+// missingImports returns those of names the ELF executable at path does
+// not import from a shared library: a library preloaded into it can stand
+// in only for calls it imports.
+func missingImports(path string, names []string) ([]string, error) {
+	f, err := elf.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	syms, err := f.ImportedSymbols()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	have := map[string]bool{}
+	for _, s := range syms {
+		have[s.Name] = true
+	}
+	var missing []string
+	for _, n := range names {
+		if !have[n] {
+			missing = append(missing, n)
+		}
+	}
+	return missing, nil
 }
 
 // ReadsAnyRlimits reports whether this Runtime's CRIU reads the rlimits

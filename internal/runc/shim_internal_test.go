@@ -112,3 +112,27 @@ func TestShimVersion(t *testing.T) {
 		t.Error("shim ran with a relative EDGEHOP_CRIU")
 	}
 }
+
+// TestMissingImports: the late gate needs CRIU to import the calls the
+// gate library stands in for. Stock CRIU does; ls imports no ptrace.
+func TestMissingImports(t *testing.T) {
+	if criu, err := exec.LookPath("criu"); err == nil {
+		missing, err := missingImports(criu, lateGateCalls)
+		if err != nil || len(missing) > 0 {
+			t.Errorf("%s: missing %v, %v; want none", criu, missing, err)
+		}
+	} else {
+		t.Log("no criu here: its imports not checked")
+	}
+	ls, err := exec.LookPath("ls")
+	if err != nil {
+		t.Skipf("skipped: no ls to read: %v", err)
+	}
+	missing, err := missingImports(ls, []string{"ptrace", "opendir"})
+	if err != nil || len(missing) != 1 || missing[0] != "ptrace" {
+		t.Errorf("%s: missing %v, %v; want [ptrace]", ls, missing, err)
+	}
+	if _, err := missingImports(filepath.Join(t.TempDir(), "none"), lateGateCalls); err == nil {
+		t.Error("no error for a file that is not there")
+	}
+}

@@ -117,6 +117,20 @@ func testGatedCheckpoint(t *testing.T, shim string, criuEarly bool) {
 	// Opened.
 	g, done := gated(ctx)
 	advancing(t, out, "at the gate")
+	if criuEarly {
+		// CRIU read the request and prepared, and waits before it
+		// seizes a task: nothing traces the service yet.
+		if log, err := os.ReadFile(filepath.Join(images, "dump.log")); err != nil || !strings.Contains(string(log), "Dumping processes") {
+			t.Errorf("at the gate: CRIU's log %q, %v; want it prepared to dump (\"Dumping processes\")", tail(string(log), 300), err)
+		}
+		st, err := r.State(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tracer := tracerOf(t, st.Pid); tracer != 0 {
+			t.Errorf("at the gate: the service (pid %d) is traced by %d", st.Pid, tracer)
+		}
+	}
 	g.Open()
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -157,6 +171,34 @@ func TestGateWithoutShim(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(images, "inventory.img")); err != nil {
 		t.Fatalf("no images: %v", err)
 	}
+}
+
+// tracerOf returns the pid tracing process pid (TracerPid), 0 if none.
+func tracerOf(t *testing.T, pid int) int {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "TracerPid:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil {
+				t.Fatalf("pid %d: %q", pid, l)
+			}
+			return n
+		}
+	}
+	t.Fatalf("pid %d: no TracerPid", pid)
+	return 0
+}
+
+// tail is the last n bytes of s.
+func tail(s string, n int) string {
+	if len(s) > n {
+		return s[len(s)-n:]
+	}
+	return s
 }
 
 // criuOf returns the pid of a criu process (its executable criu) whose
@@ -332,6 +374,10 @@ func TestGatedRestore(t *testing.T) {
 	}
 	var after3 syncBuffer
 	dir, g, done = restoreAtGate(ctx, &after3, cgroups, onResumed)
+	// CRIU read the request and waits before its first image.
+	if log, err := os.ReadFile(filepath.Join(dir+"-work", "restore.log")); err != nil || !strings.Contains(string(log), "Version:") {
+		t.Errorf("at the gate: CRIU's log %q, %v; want it started on the request", tail(string(log), 300), err)
+	}
 	if shares != "" {
 		if b, err := os.ReadFile(shares); err != nil || strings.TrimSpace(string(b)) != "110" {
 			t.Errorf("at the gate, %s = %q (%v), want 110", shares, b, err)
