@@ -497,16 +497,20 @@ __attribute__((constructor)) static void edgehop_criu_gate(void)
 		if (!errno && !*end && l >= 0 && l <= 4)
 			log_level = (int)l;
 		unsetenv(ENV_LOG_LEVEL);
-		swrk_fd = swrk_socket();
 	}
+	swrk_fd = swrk_socket();
 	if (probe) {
 		const char *word = rlimits_readable() ? "edgehop-criu-gate\nrlimits\n" : "edgehop-criu-gate\n";
 		size_t len = strlen(word);
 
 		_exit(write(STDOUT_FILENO, word, len) == (ssize_t)len ? 0 : 1);
 	}
-	if (wait && late && req && (strcmp(req, "1") == 0 || strcmp(req, "2") == 0)) {
-		/* A dump or a restore (criu_req_type): CRIU prepares first. */
+	if (wait && late && swrk_fd >= 0 && req && (strcmp(req, "1") == 0 || strcmp(req, "2") == 0)) {
+		/*
+		 * A dump or a restore (criu_req_type) by `criu swrk FD` itself
+		 * (not a program run in its place, such as a script that
+		 * then runs criu): CRIU prepares first.
+		 */
 		memcpy(late_gate, name, sizeof(late_gate));
 		late_pid = getpid();
 		late_dump = req[0] == '1';
