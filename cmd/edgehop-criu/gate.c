@@ -22,13 +22,13 @@
  * below.
  *
  * With EDGEHOP_CRIU_GATE_LATE set (the agent checked that CRIU imports
- * the calls below) it waits later than its constructor (late_gate): CRIU reads runc's
- * request and prepares before the gate opens (its kernel probes, which
- * its feature cache leaves out, and its CPU's, each CPUID a VM exit here:
- * about a millisecond; a dump's cgroups and inventory too). A dump waits
- * right before it seizes the service's tasks, while the service still
- * runs; a restore right before it opens its first image, as the images
- * are all there only once the gate opens.
+ * the calls below) it waits later than its constructor (late_gate): CRIU
+ * reads runc's request and prepares before the gate opens (its kernel
+ * probes, which its feature cache leaves out, and its CPU's, each CPUID a
+ * VM exit here: about a millisecond; a dump's cgroups and inventory too).
+ * A dump waits right before it seizes the service's tasks, while the
+ * service still runs; a restore right before it opens its first image, as
+ * the images are all there only once the gate opens.
  *
  * It takes itself out of the environment first, so that nothing CRIU
  * runs (a helper, an action script) loads it. With EDGEHOP_CRIU_GATE_PROBE
