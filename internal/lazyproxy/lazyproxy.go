@@ -11,6 +11,8 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // CRIU's page-server protocol (criu/page-xfer.c, CRIU 4.x): every
@@ -86,16 +88,12 @@ type PageReader interface {
 // "held" when holds says the destination has it, else as data.
 func ServeSource(ctx context.Context, l net.Listener, criuAddr string, holds Holds, st *Stats, log *slog.Logger) error {
 	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
-		var d net.Dialer
-		up, err := d.DialContext(ctx, "tcp", criuAddr)
-		if err != nil {
-			return fmt.Errorf("page server %s: %w", criuAddr, err)
-		}
 		// Should this process die before a CLOSE went up, the kernel
 		// resets the connection rather than ending it, which CRIU would
 		// take for a finished session (pageServerConn.end).
-		if tc, ok := up.(*net.TCPConn); ok {
-			_ = tc.SetLinger(0)
+		up, err := linux.DialAbortive(ctx, criuAddr)
+		if err != nil {
+			return fmt.Errorf("page server %s: %w", criuAddr, err)
 		}
 		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
 			st.Requests.Add(1)

@@ -2,8 +2,9 @@
 // namespaces (create, bind, enter, delete), netlink handles bound to a
 // namespace, process discovery by namespace, mount helpers, the cgroup
 // freezer, taking a cgroup's TCP sockets out of repair mode (from outside,
-// with pidfd_getfd), atomic file writes and no-replace renames, and
-// inotify watches of files written into a directory.
+// with pidfd_getfd), atomic file writes and no-replace renames, inotify
+// watches of files written into a directory, and TCP dials that reset,
+// never end, should their process die (DialAbortive).
 //
 // Every other package reaches the kernel through this one (or through
 // netlink handles it returns), so thread/namespace pinning rules live in one

@@ -15,6 +15,7 @@ import (
 
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/edgehop/edgehop/internal/criuimg"
+	"github.com/edgehop/edgehop/internal/linux"
 	"golang.org/x/sys/unix"
 )
 
@@ -274,12 +275,16 @@ func (r *Runtime) Checkpoint(ctx context.Context, id string, o CheckpointOpts) e
 // container. (A client that just closes ends the session as complete, and
 // CRIU then kills the container as after a finished migration.) Once a
 // lazy-pages daemon is connected the dial is refused and the transfer
-// runs to its end, or fails with the daemon.
+// runs to its end, or fails with the daemon. The connection resets if it
+// closes before the byte went out (this process killed in between): end
+// of file alone would be the clean end.
 func abortLazyDump(stop <-chan struct{}, addr string) {
 	t := time.NewTicker(50 * time.Millisecond)
 	defer t.Stop()
 	for {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		c, err := linux.DialAbortive(ctx, addr)
+		cancel()
 		if err == nil {
 			_, _ = c.Write([]byte{0})
 			c.Close()

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // A tunnel carries one plain TCP connection across an authenticated agent
@@ -149,21 +151,18 @@ func (c *Conn) Splice(ctx context.Context, target string) (st SpliceStats, err e
 
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }()
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", target)
+	// Until the pipe has ended cleanly, closing tc resets it, and so does
+	// this process's death, from the connect on: the kernel would
+	// otherwise end the stream, which is what a finished session looks
+	// like (CRIU's lazy page server then kills the dumped tasks, which the
+	// source restarted after a crash resumes).
+	tc, err := linux.DialAbortive(ctx, target)
 	if err != nil {
 		err = ctxErr(ctx, err)
 		rerr := c.replyLocked(ctx, msgTunnelRefused, tunnelRefusal{Reason: fmt.Sprintf("connect to %s: %v", target, err)})
 		return st, errors.Join(fmt.Errorf("splice to %s: %w: %w", target, ErrTunnelRefused, err), rerr)
 	}
-	tc := nc.(*net.TCPConn)
 	defer tc.Close()
-	// Until the pipe has ended cleanly, closing tc resets it, and so does
-	// this process's death: the kernel would otherwise end the stream,
-	// which is what a finished session looks like (CRIU's lazy page
-	// server then kills the dumped tasks, which the source restarted after
-	// a crash resumes).
-	_ = tc.SetLinger(0)
 	if err := c.replyLocked(ctx, msgTunnelOK, nil); err != nil {
 		return st, fmt.Errorf("splice to %s: %w", target, err)
 	}
