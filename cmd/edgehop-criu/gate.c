@@ -176,31 +176,38 @@ static void pass_late_gate(void)
 		_exit(1);
 }
 
+/* next_sym returns libc's call name, looked up once into *cache: errno
+ * ENOSYS and NULL when libc has no such call. */
+static void *next_sym(void **cache, const char *name)
+{
+	if (!*cache)
+		*cache = dlsym(RTLD_NEXT, name);
+	if (!*cache)
+		errno = ENOSYS;
+	return *cache;
+}
+
 /* sigaction stands in for libc's: SIGALRM's handler is the late gate. */
 int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
-	static int (*next)(int, const struct sigaction *, struct sigaction *);
+	static void *libc;
+	int (*next)(int, const struct sigaction *, struct sigaction *);
 
 	if (sig == SIGALRM && act && late_dump)
 		pass_late_gate();
-	if (!next)
-		next = (int (*)(int, const struct sigaction *, struct sigaction *))dlsym(RTLD_NEXT, "sigaction");
-	if (!next) {
-		errno = ENOSYS;
-		return -1;
-	}
-	return next(sig, act, old);
+	next = next_sym(&libc, "sigaction");
+	return next ? next(sig, act, old) : -1;
 }
 
 /* alarm stands in for libc's: collect_pstree arms it first. */
 unsigned int alarm(unsigned int seconds)
 {
-	static unsigned int (*next)(unsigned int);
+	static void *libc;
+	unsigned int (*next)(unsigned int);
 
 	if (late_dump)
 		pass_late_gate();
-	if (!next)
-		next = (unsigned int (*)(unsigned int))dlsym(RTLD_NEXT, "alarm");
+	next = next_sym(&libc, "alarm");
 	return next ? next(seconds) : 0;
 }
 
@@ -209,7 +216,8 @@ unsigned int alarm(unsigned int seconds)
  * own with PTRACE_ATTACH, before it reads the request's tasks). */
 long ptrace(enum __ptrace_request req, ...)
 {
-	static long (*next)(enum __ptrace_request, ...);
+	static void *libc;
+	long (*next)(enum __ptrace_request, ...);
 	void *pid, *addr, *data;
 	va_list ap;
 
@@ -220,13 +228,8 @@ long ptrace(enum __ptrace_request req, ...)
 	va_end(ap);
 	if (req == PTRACE_SEIZE && late_dump)
 		pass_late_gate();
-	if (!next)
-		next = (long (*)(enum __ptrace_request, ...))dlsym(RTLD_NEXT, "ptrace");
-	if (!next) {
-		errno = ENOSYS;
-		return -1;
-	}
-	return next(req, pid, addr, data);
+	next = next_sym(&libc, "ptrace");
+	return next ? next(req, pid, addr, data) : -1;
 }
 
 /* is_image: path names a CRIU image (NAME.img). */
@@ -250,18 +253,13 @@ static int is_image(const char *path)
 		m_;                                            \
 	})
 
-/* next_open returns libc's name (looked up once into *next), passing a
- * restore's late gate at its first image: errno ENOSYS and NULL when libc
- * has no such call. */
-static void *next_open(void **next, const char *name, const char *path)
+/* next_open returns libc's name (next_sym), passing a restore's late gate
+ * at its first image. */
+static void *next_open(void **cache, const char *name, const char *path)
 {
 	if (!late_dump && is_image(path))
 		pass_late_gate();
-	if (!*next)
-		*next = dlsym(RTLD_NEXT, name);
-	if (!*next)
-		errno = ENOSYS;
-	return *next;
+	return next_sym(cache, name);
 }
 
 /*
@@ -293,7 +291,8 @@ int open64(const char *path, int flags, ...)
  */
 long syscall(long nr, ...)
 {
-	static long (*next)(long, ...);
+	static void *libc;
+	long (*next)(long, ...);
 	long a[6], ret;
 	va_list ap;
 	int i, err;
@@ -302,12 +301,8 @@ long syscall(long nr, ...)
 	for (i = 0; i < 6; i++)
 		a[i] = va_arg(ap, long);
 	va_end(ap);
-	if (!next)
-		next = (long (*)(long, ...))dlsym(RTLD_NEXT, "syscall");
-	if (!next) {
-		errno = ENOSYS;
+	if (!(next = next_sym(&libc, "syscall")))
 		return -1;
-	}
 	if (nr == SYS_ptrace && a[0] == PTRACE_SEIZE && late_dump)
 		pass_late_gate();
 	ret = next(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
@@ -416,15 +411,12 @@ static int set_log_level(unsigned char *buf, size_t len, int level)
  */
 ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
-	static ssize_t (*next)(int, void *, size_t, int);
+	static void *libc;
+	ssize_t (*next)(int, void *, size_t, int);
 	ssize_t n;
 
-	if (!next)
-		next = (ssize_t(*)(int, void *, size_t, int))dlsym(RTLD_NEXT, "recv");
-	if (!next) {
-		errno = ENOSYS;
+	if (!(next = next_sym(&libc, "recv")))
 		return -1;
-	}
 	n = next(fd, buf, len, flags);
 	if (n > 0 && buf && fd == swrk_fd && log_level >= 0 && !(flags & MSG_PEEK) &&
 	    set_log_level(buf, (size_t)n < len ? (size_t)n : len, log_level))

@@ -9,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -255,7 +254,7 @@ type imageFeed struct {
 func (o *outgoing) feedImages() *imageFeed {
 	f := &imageFeed{names: make(chan string, 1024), halt: make(chan struct{}), ended: make(chan struct{})}
 	stop, err := linux.WatchWritten(o.rec.ImageDir, func(name string) bool {
-		if isPagesImage(name) {
+		if precopy.IsMemoryImage(name) {
 			select {
 			case f.names <- name:
 			default: // the walk after the dump sends it
@@ -287,12 +286,6 @@ func (o *outgoing) feedImages() *imageFeed {
 		}
 	}()
 	return f
-}
-
-// isPagesImage reports CRIU's images of a process's memory: pages-N.img
-// and pagemap-N.img (and pagemap-shmem-N.img).
-func isPagesImage(name string) bool {
-	return strings.HasSuffix(name, ".img") && (strings.HasPrefix(name, "pages-") || strings.HasPrefix(name, "pagemap-"))
 }
 
 // sendLiveLayer sends, while the service still runs, its writable layer

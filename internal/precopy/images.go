@@ -35,6 +35,12 @@ var (
 // isPagesImage reports whether name is a CRIU pages image.
 func isPagesImage(name string) bool { return pagesImageRE.MatchString(name) }
 
+// IsMemoryImage reports whether name is one of CRIU's images of a
+// process's memory: pages-N.img, pagemap-N.img or pagemap-shmem-N.img.
+func IsMemoryImage(name string) bool {
+	return pagesImageRE.MatchString(name) || pagemapImageRE.MatchString(name)
+}
+
 // pageRun is a run of consecutive pages in a pages image: count pages that
 // a process (pid, 0 for shared memory) has at addr onwards.
 type pageRun struct {

@@ -158,3 +158,15 @@ func TestLazyRuns(t *testing.T) {
 		t.Fatalf("LazyRuns = %+v, want %+v", runs, want)
 	}
 }
+
+func TestIsMemoryImage(t *testing.T) {
+	for name, want := range map[string]bool{
+		"pages-1.img": true, "pagemap-12.img": true, "pagemap-shmem-3.img": true,
+		"pages-.img": false, "pagemap-1.img.tmp": false, "core-1.img": false,
+		"mm-1.img": false, "pages-x.img": false, "inventory.img": false,
+	} {
+		if got := IsMemoryImage(name); got != want {
+			t.Errorf("IsMemoryImage(%q) = %v, want %v", name, got, want)
+		}
+	}
+}

@@ -26,24 +26,9 @@ import (
 // by a pipeline of opts.Depth chunks. A file that cannot be read aborts the
 // stream: the receiver gets ErrAborted, and the connection stays usable.
 func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (Stats, error) {
-	root, err := filepath.EvalSymlinks(srcDir)
-	if err != nil {
-		return Stats{}, fmt.Errorf("send dir %s: %w", srcDir, err)
-	}
-	fi, err := os.Stat(root)
-	if err != nil {
-		return Stats{}, fmt.Errorf("send dir %s: %w", srcDir, err)
-	}
-	if !fi.IsDir() {
-		return Stats{}, fmt.Errorf("send dir %s: not a directory", srcDir)
-	}
-	st, err := c.sendStream(ctx, streamHeader{Kind: streamDir}, opts, func(p *producer) error {
+	return c.sendDir(ctx, srcDir, opts, func(p *producer, root string) error {
 		return p.walk(root, opts.Overlay, opts.Live, nil)
 	})
-	if err != nil {
-		return st, fmt.Errorf("send dir %s: %w", srcDir, err)
-	}
-	return st, nil
 }
 
 // SendDirAsWritten sends the flat directory srcDir (no subdirectories) as
@@ -57,12 +42,27 @@ func (c *Conn) SendDir(ctx context.Context, srcDir string, opts SendOptions) (St
 // stays usable. opts.Overlay and opts.Live do not apply; the root's
 // entry goes first, with its times as the stream begins.
 func (c *Conn) SendDirAsWritten(ctx context.Context, srcDir string, written <-chan string, halt <-chan struct{}, opts SendOptions) (Stats, error) {
+	return c.sendDir(ctx, srcDir, opts, func(p *producer, root string) error {
+		return p.walkAsWritten(root, written, halt)
+	})
+}
+
+// sendDir resolves srcDir, checks that it is a directory and sends it as
+// a directory stream whose entries walk produces from the resolved root.
+func (c *Conn) sendDir(ctx context.Context, srcDir string, opts SendOptions, walk func(p *producer, root string) error) (Stats, error) {
 	root, err := filepath.EvalSymlinks(srcDir)
 	if err != nil {
 		return Stats{}, fmt.Errorf("send dir %s: %w", srcDir, err)
 	}
+	fi, err := os.Stat(root)
+	if err != nil {
+		return Stats{}, fmt.Errorf("send dir %s: %w", srcDir, err)
+	}
+	if !fi.IsDir() {
+		return Stats{}, fmt.Errorf("send dir %s: not a directory", srcDir)
+	}
 	st, err := c.sendStream(ctx, streamHeader{Kind: streamDir}, opts, func(p *producer) error {
-		return p.walkAsWritten(root, written, halt)
+		return walk(p, root)
 	})
 	if err != nil {
 		return st, fmt.Errorf("send dir %s: %w", srcDir, err)
@@ -405,7 +405,7 @@ func (p *producer) walk(root string, overlay, live bool, skip map[string]bool) e
 	links := map[fileID]string{} // first path of each inode with more than one link
 	return filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
-			if live && path != root && errors.Is(err, fs.ErrNotExist) {
+			if goneFromLive(live, root, path, err) {
 				return nil
 			}
 			return err
@@ -425,14 +425,19 @@ func (p *producer) walk(root string, overlay, live bool, skip map[string]bool) e
 	})
 }
 
+// goneFromLive reports whether err says that path, an entry under root
+// of a live tree (one still being written), was removed since it was
+// listed: such an entry is left out of the stream. The root itself must
+// stay.
+func goneFromLive(live bool, root, path string, err error) bool {
+	return live && path != root && errors.Is(err, fs.ErrNotExist)
+}
+
 // sendPath sends the entry at path (rel to the stream's root), and a
 // regular file's content. links records hard-linked inodes sent so far.
 // An entry of a live tree removed meanwhile is left out.
 func (p *producer) sendPath(root, path, rel string, d fs.DirEntry, links map[fileID]string, overlay, live bool) error {
-	// gone reports an entry of a live tree removed since it was listed.
-	gone := func(err error) bool {
-		return live && path != root && errors.Is(err, fs.ErrNotExist)
-	}
+	gone := func(err error) bool { return goneFromLive(live, root, path, err) }
 	info, err := d.Info()
 	if err != nil {
 		if gone(err) {
