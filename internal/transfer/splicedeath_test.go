@@ -47,6 +47,44 @@ func TestSpliceKilledResetsTarget(t *testing.T) {
 	}
 }
 
+// spliceDialedEnv makes the test binary the agent of
+// TestSpliceKilledAtDialResetsTarget.
+const spliceDialedEnv = "EDGEHOP_TEST_SPLICE_DIALED_TARGET"
+
+// TestSpliceKilledAtDialResetsTarget: the agent is killed the moment its
+// connection to the target is up, before it answers the tunnel request or
+// does anything else with the connection. The target (CRIU's page server
+// has accepted it) must see a reset there too: a connection that only
+// became abortive after the dial returned would end with end of file.
+func TestSpliceKilledAtDialResetsTarget(t *testing.T) {
+	if target := os.Getenv(spliceDialedEnv); target != "" {
+		spliceDialed = func() {
+			fmt.Println("dialed")
+			select {}
+		}
+		spliceUntilKilled(t, target)
+		return
+	}
+	ended := make(chan error, 1)
+	target, accepted := serveTarget(t, func(c *net.TCPConn) {
+		_, err := io.Copy(io.Discard, struct{ io.Reader }{c})
+		ended <- err
+	})
+	child := testutil.Child(t, "TestSpliceKilledAtDialResetsTarget", spliceDialedEnv, target, "dialed")
+	if err := child.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-ended:
+		if err == nil {
+			t.Fatal("the target saw end of file when the agent was killed right after its dial, not a reset")
+		}
+		t.Logf("target: %v (connections accepted: %d)", err, accepted.Load())
+	case <-time.After(5 * time.Second):
+		t.Fatal("the target's connection outlived the killed agent")
+	}
+}
+
 // spliceUntilKilled is the child's side: a tunnel to target, spliced and
 // idle, until the parent kills this process.
 func spliceUntilKilled(t *testing.T, target string) {

@@ -163,6 +163,7 @@ func (c *Conn) Splice(ctx context.Context, target string) (st SpliceStats, err e
 		return st, errors.Join(fmt.Errorf("splice to %s: %w: %w", target, ErrTunnelRefused, err), rerr)
 	}
 	defer tc.Close()
+	spliceDialed()
 	if err := c.replyLocked(ctx, msgTunnelOK, nil); err != nil {
 		return st, fmt.Errorf("splice to %s: %w", target, err)
 	}
@@ -175,6 +176,10 @@ func (c *Conn) Splice(ctx context.Context, target string) (st SpliceStats, err e
 	_ = tc.SetLinger(-1)
 	return st, nil
 }
+
+// spliceDialed runs in Splice right after its connection to the target
+// is up; a test stops there to kill the process.
+var spliceDialed = func() {}
 
 // refuseTunnel tells the peer its tunnel request was refused and closes c.
 func (c *Conn) refuseTunnel(ctx context.Context, reason string) error {
