@@ -9,6 +9,7 @@ require (
 	github.com/florianl/go-nfqueue/v2 v2.0.0
 	github.com/google/go-containerregistry v0.22.1
 	github.com/klauspost/compress v1.20.3
+	github.com/minio/highwayhash v1.0.4
 	github.com/moby/profiles/seccomp v0.3.0
 	github.com/opencontainers/runtime-spec v1.3.0
 	github.com/prometheus/client_golang v1.25.0

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/edgehop/edgehop/internal/testutil"
 )
 
@@ -149,7 +148,7 @@ func BenchmarkFinal(b *testing.B) {
 		for p := 0; p < pages; p++ {
 			page := img[p*PageSize : (p+1)*PageSize]
 			e.page(recData, 1, a+uint64(p)*PageSize, 0, 0, page)
-			held[a/PageSize+uint64(p)] = xxhash.Sum64(page)
+			held[a/PageSize+uint64(p)] = source.hash.sum(page)
 			if len(e.buf) > 8<<20 {
 				e.flush()
 				if err := store.applyRecords(e.buf); err != nil {

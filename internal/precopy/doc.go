@@ -7,9 +7,12 @@
 // memory with process_vm_readv (the pages CRIU would dump: found with the
 // PAGEMAP_SCAN ioctl, and for shared memory, which CRIU dumps whole
 // whether or not a process mapped a page, with SEEK_DATA on the object
-// through /proc/PID/map_files), hashes each 4 KiB page with xxhash64 and
-// sends the pages whose hash differs from what the destination holds, as
-// records of (namespace pid, address, data) with a checksum per record.
+// through /proc/PID/map_files), hashes each 4 KiB page under the
+// migration's secret key (HighwayHash-64, pagehash.go: the service's
+// clients write its memory and must not be able to aim a page at the hash
+// of one the destination holds) and sends the pages whose hash differs
+// from what the destination holds, as records of (namespace pid, address,
+// data) with a checksum per record.
 // Zero pages go as a flag, and a page whose content the destination
 // already holds at another address goes as a copy from there. The
 // destination (Store) keeps one sparse file per namespace pid, the page

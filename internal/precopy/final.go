@@ -303,7 +303,10 @@ func (r *finalReader) produce() error {
 	switch {
 	case !r.begun:
 		r.begun = true
-		r.enc.single(record{typ: recBegin, count: version, pid: kindFinal})
+		// The page hasher's seed: the destination checks the images'
+		// digests under the same key.
+		k0, k1 := r.s.hash.words()
+		r.enc.single(record{typ: recBegin, count: version, pid: kindFinal, addr: k0, saddr: k1})
 	case r.file != nil && r.left > 0:
 		return r.readChunk()
 	case r.file != nil:
@@ -353,7 +356,7 @@ func (r *finalReader) readChunk() error {
 	var hb [8]byte
 	for off := 0; off < n; off += PageSize {
 		data := s.buf[off : off+PageSize]
-		h := xxhash.Sum64(data)
+		h := s.hash.sum(data)
 		binary.LittleEndian.PutUint64(hb[:], h)
 		r.digest.Write(hb[:])
 		var loc pageLoc
@@ -380,7 +383,7 @@ func (r *finalReader) page(loc pageLoc, h uint64, data []byte) {
 	case loc.pid != 0 && ok && held == h:
 		st.HeldPages++
 		r.enc.page(recHeld, loc.pid, loc.addr, 0, 0, nil)
-	case isZeroPage(data, h):
+	case s.isZeroPage(data, h):
 		st.ZeroPages++
 		r.enc.page(recZero, loc.pid, loc.addr, 0, 0, nil)
 	case okc:

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/edgehop/edgehop/internal/testutil"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
@@ -116,7 +115,7 @@ func TestRebuildFailureLeavesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The source believes the destination holds the page; it does not.
-	source.held[1] = map[uint64]uint64{a / PageSize: xxhash.Sum64(filled(9))}
+	source.held[1] = map[uint64]uint64{a / PageSize: source.hash.sum(filled(9))}
 	store := newTestStore(t)
 	src, dst := connPair(t, nil)
 	rebuilt := filepath.Join(dir, "rebuilt")

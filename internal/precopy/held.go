@@ -1,10 +1,6 @@
 package precopy
 
-import (
-	"sync"
-
-	"github.com/cespare/xxhash/v2"
-)
+import "sync"
 
 // HoldsPage reports whether the destination holds page, the content of
 // pid's memory at addr, at that very address according to the rounds sent
@@ -16,7 +12,7 @@ func (s *Source) HoldsPage(pid uint32, addr uint64, page []byte) bool {
 		return false
 	}
 	h, ok := s.held[pid][addr/PageSize]
-	return ok && h == xxhash.Sum64(page)
+	return ok && h == s.hash.sum(page)
 }
 
 // readMu serialises ReadHeldPage: Store's files map is not safe for

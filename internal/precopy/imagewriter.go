@@ -19,6 +19,7 @@ const imageWriterBuf = 4 << 20
 // waits for the goroutine.
 type imageWriter struct {
 	f     *os.File
+	hash  pageHasher  // the source's, for the digest
 	cur   []byte      // being filled
 	free  chan []byte // buffers to fill
 	full  chan []byte // buffers to hash and write, in order
@@ -27,9 +28,10 @@ type imageWriter struct {
 	pages uint32
 }
 
-func newImageWriter(f *os.File) *imageWriter {
+func newImageWriter(f *os.File, hash pageHasher) *imageWriter {
 	w := &imageWriter{
 		f:    f,
+		hash: hash,
 		free: make(chan []byte, 2),
 		full: make(chan []byte, 2),
 		done: make(chan error, 1),
@@ -49,7 +51,7 @@ func (w *imageWriter) run() {
 	for buf := range w.full {
 		if err == nil {
 			for off := 0; off < len(buf); off += PageSize {
-				binary.LittleEndian.PutUint64(hb[:], xxhash.Sum64(buf[off:off+PageSize]))
+				binary.LittleEndian.PutUint64(hb[:], w.hash.sum(buf[off:off+PageSize]))
 				d.Write(hb[:])
 			}
 			_, err = w.f.Write(buf)

@@ -22,9 +22,11 @@ const PageSize = 4096
 //	4      4    count: pages (begin: protocol version)
 //	8      4    pid: namespace pid of the pages' own address (0: none)
 //	12     4    spid: namespace pid of a copy's source
-//	16     8    addr: the pages' own address (begin: sequence; file
-//	            begin: pages image id; file end: digest; end: pages)
-//	24     8    saddr: address of a copy's source (end: records)
+//	16     8    addr: the pages' own address (round begin: sequence;
+//	            final begin: page hash seed, first half; file begin:
+//	            pages image id; file end: digest; end: pages)
+//	24     8    saddr: address of a copy's source (final begin: page
+//	            hash seed, second half; end: records)
 //	32     count·4096 bytes of data, data records only
 //	…      8    xxhash64 of the header and the data
 //
@@ -41,7 +43,9 @@ const (
 	maxRunPages = 1 << 20
 	// maxAddr bounds addresses: the store files are this big (sparse).
 	maxAddr = 1 << 57
-	version = 1
+	// version 2: pages are hashed under a key (pageHasher) whose seed
+	// the final delta's begin record carries.
+	version = 2
 )
 
 // Record types.

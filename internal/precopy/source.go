@@ -11,7 +11,6 @@ import (
 	"os"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
@@ -79,9 +78,12 @@ type Source struct {
 	cfg Config
 	log *slog.Logger
 
-	// held maps nspid → page number → xxhash64 of the page the
-	// destination holds there, exactly as the streams sent so far left
-	// it.
+	// hash hashes pages under this migration's secret key; zeroHash is
+	// the zero page's.
+	hash     pageHasher
+	zeroHash uint64
+	// held maps nspid → page number → hash of the page the destination
+	// holds there, exactly as the streams sent so far left it.
 	held map[uint32]map[uint64]uint64
 	// index maps a (non-zero) page hash to a location that held it when
 	// recorded; used only after checking held still says so.
@@ -114,8 +116,10 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	h := newPageHasher()
 	return &Source{
 		cfg: cfg, log: log,
+		hash: h, zeroHash: h.sum(zeroPage[:]),
 		held:  map[uint32]map[uint64]uint64{},
 		index: map[uint64]pageLoc{},
 		buf:   make([]byte, cfg.BatchBytes),
@@ -221,13 +225,11 @@ func (s *Source) Rounds(ctx context.Context, conn *transfer.Conn, rule StopRule,
 	}
 }
 
-var (
-	zeroPage     [PageSize]byte
-	zeroPageHash = xxhash.Sum64(zeroPage[:])
-)
+var zeroPage [PageSize]byte
 
-func isZeroPage(p []byte, h uint64) bool {
-	return h == zeroPageHash && bytes.Equal(p, zeroPage[:])
+// isZeroPage reports whether p, whose hash is h, is all zeros.
+func (s *Source) isZeroPage(p []byte, h uint64) bool {
+	return h == s.zeroHash && bytes.Equal(p, zeroPage[:])
 }
 
 // copySource returns a location other than self at which the destination
@@ -407,7 +409,7 @@ func (r *roundReader) readBatch() error {
 func (r *roundReader) page(addr uint64, data []byte) {
 	s, nspid := r.s, r.proc.nspid
 	r.st.Pages++
-	h := xxhash.Sum64(data)
+	h := s.hash.sum(data)
 	m := s.held[nspid]
 	if m == nil {
 		m = map[uint64]uint64{}
@@ -419,7 +421,7 @@ func (r *roundReader) page(addr uint64, data []byte) {
 	r.st.Changed++
 	self := pageLoc{nspid, addr}
 	switch src, ok := s.copySource(h, self); {
-	case isZeroPage(data, h):
+	case s.isZeroPage(data, h):
 		r.st.ZeroPages++
 		r.enc.page(recZero, nspid, addr, 0, 0, nil)
 	case ok:

@@ -343,6 +343,10 @@ type finalBuilder struct {
 	dir string
 	st  *FinalStats
 
+	// hash is the source's page hasher (its seed is in the begin
+	// record), under which the images' digests are taken.
+	hash pageHasher
+
 	// The image being written (nil between images).
 	w    *imageWriter
 	name string
@@ -354,9 +358,11 @@ type finalBuilder struct {
 }
 
 func (b *finalBuilder) apply(d *decoder) error {
-	if _, err := readBegin(d, kindFinal); err != nil {
+	br, err := readBegin(d, kindFinal)
+	if err != nil {
 		return err
 	}
+	b.hash = pageHasherOf(seedOf(br.addr, br.saddr))
 	var records, pages uint64
 	for {
 		r, err := d.next()
@@ -409,7 +415,7 @@ func (b *finalBuilder) begin(r record) error {
 		f.Close()
 		return err
 	}
-	b.w, b.want = newImageWriter(f), r.count
+	b.w, b.want = newImageWriter(f, b.hash), r.count
 	b.st.Images++
 	return nil
 }

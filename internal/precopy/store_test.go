@@ -226,16 +226,19 @@ func TestFinalBuilder(t *testing.T) {
 	fresh, other := filled(7), filled(8)
 	img1 := [][]byte{held[pageLoc{5, a}], held[pageLoc{5, a + PageSize}], fresh, zeroPage[:], held[pageLoc{5, a + 7*PageSize}], held[pageLoc{5, a + 5*PageSize}]}
 	img2 := [][]byte{held[pageLoc{5, a + 6*PageSize}], other}
+	hash := newPageHasher()
 	digest := func(pages [][]byte) uint64 {
 		d := xxhash.New()
 		for _, p := range pages {
-			d.Write(binary.LittleEndian.AppendUint64(nil, xxhash.Sum64(p)))
+			d.Write(binary.LittleEndian.AppendUint64(nil, hash.sum(p)))
 		}
 		return d.Sum64()
 	}
-	build := func(digest1 uint64) []byte {
+	// build makes the delta, its begin record carrying seeded's seed.
+	build := func(digest1 uint64, seeded pageHasher) []byte {
 		var f encoder
-		f.single(record{typ: recBegin, count: version, pid: kindFinal})
+		k0, k1 := seeded.words()
+		f.single(record{typ: recBegin, count: version, pid: kindFinal, addr: k0, saddr: k1})
 		f.single(record{typ: recFile, count: 6, spid: 0o644, addr: 1})
 		f.page(recHeld, 5, a, 0, 0, nil)
 		f.page(recHeld, 5, a+PageSize, 0, 0, nil)
@@ -254,25 +257,31 @@ func TestFinalBuilder(t *testing.T) {
 		return f.buf
 	}
 
-	t.Run("digest mismatch", func(t *testing.T) {
+	// mismatched: the delta fails its digest check.
+	mismatched := func(t *testing.T, delta []byte) {
 		s := storeAfterRound(t)
 		dir := filepath.Join(shmDir(t), "img")
 		os.Mkdir(dir, 0o755)
 		var st FinalStats
 		fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
-		err := fb.apply(newDecoder(bytes.NewReader(build(digest(img1) ^ 1))))
+		err := fb.apply(newDecoder(bytes.NewReader(delta)))
 		fb.abandon()
 		if !errors.Is(err, ErrMismatch) {
 			t.Fatalf("got %v, want ErrMismatch", err)
 		}
-	})
+	}
+	t.Run("digest mismatch", func(t *testing.T) { mismatched(t, build(digest(img1)^1, hash)) })
+	// The digests were taken under the source's key: the destination
+	// checks them under the key the begin record names, so a stream
+	// naming another fails.
+	t.Run("another key", func(t *testing.T) { mismatched(t, build(digest(img1), newPageHasher())) })
 
 	s := storeAfterRound(t)
 	dir := filepath.Join(shmDir(t), "img")
 	os.Mkdir(dir, 0o755)
 	var st FinalStats
 	fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
-	if err := fb.apply(newDecoder(bytes.NewReader(build(digest(img1))))); !errors.Is(err, errStreamDone) {
+	if err := fb.apply(newDecoder(bytes.NewReader(build(digest(img1), hash)))); !errors.Is(err, errStreamDone) {
 		t.Fatalf("rebuild: %v", err)
 	}
 	for _, c := range []struct {
