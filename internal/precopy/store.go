@@ -161,7 +161,7 @@ func readBegin(d *decoder, kind uint32) (record, error) {
 		return r, fmt.Errorf("%w: stream starts with %v, want begin of kind %d", ErrCorrupt, r, kind)
 	}
 	if r.count != version {
-		return r, fmt.Errorf("%w: protocol version %d, want %d", ErrCorrupt, r.count, version)
+		return r, fmt.Errorf("%w: the source speaks pre-copy protocol version %d, this agent %d (run one edgehop version on both nodes)", ErrCorrupt, r.count, version)
 	}
 	return r, nil
 }

@@ -156,6 +156,7 @@ func TestStoreRejectsBadRounds(t *testing.T) {
 		{"no begin", func(e *encoder) { e.single(record{typ: recEnd}) }},
 		{"final begin", func(e *encoder) { e.single(record{typ: recBegin, count: version, pid: kindFinal}) }},
 		{"other version", func(e *encoder) { e.single(record{typ: recBegin, count: version + 1, pid: kindRound}) }},
+		{"unkeyed version 1", func(e *encoder) { e.single(record{typ: recBegin, count: 1, pid: kindRound}) }},
 		{"no end", func(e *encoder) { e.single(begin); e.page(recZero, 1, 0x1000, 0, 0, nil); e.flush() }},
 		{"wrong end count", func(e *encoder) {
 			e.single(begin)
