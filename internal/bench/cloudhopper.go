@@ -172,6 +172,8 @@ type CloudhopperMember struct {
 	// destination's own account of the frozen window.
 	PhasesMs map[string]float64       `json:"phases_ms,omitempty"`
 	Restore  *migration.RestoreReport `json:"restore,omitempty"`
+	// Precopy: pre-copy's and hybrid's live rounds and final delta.
+	Precopy *migration.Precopy `json:"precopy,omitempty"`
 }
 
 // CloudhopperReport is what `edgehop bench cloudhopper` prints.
@@ -414,7 +416,7 @@ func (e *env) cloudhopperRun(ctx context.Context, cfg CloudhopperConfig, app *wp
 		}
 		members[i] = r
 		run.Members = append(run.Members, CloudhopperMember{Name: r.Container, DowntimeMs: r.DowntimeMs, TotalMs: r.TotalMs,
-			BytesOnWire: r.BytesOnWire, StateBytes: r.StateBytes, PhasesMs: r.PhasesMs, Restore: r.Destination})
+			BytesOnWire: r.BytesOnWire, StateBytes: r.StateBytes, PhasesMs: r.PhasesMs, Restore: r.Destination, Precopy: r.Precopy})
 	}
 	unit := migration.UnitResult(members)
 	run.OK, run.DowntimeMs, run.TotalMs = unit.OK, unit.DowntimeMs, unit.TotalMs

@@ -42,6 +42,9 @@ type Conn struct {
 	bw   *bufio.Writer
 	werr error // sticky: set when a send failed mid-frame
 	enc  *zstd.Encoder
+	// dense is the slower, denser encoder for links slow enough that it
+	// still outruns them (denseLinkFactor), made on first use.
+	dense *zstd.Encoder
 	// encSpeed is enc's rate in raw bytes per second as WarmCompression
 	// measured it, 0 before; CompressAuto's floor for its speed estimate.
 	encSpeed float64

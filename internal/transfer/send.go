@@ -138,8 +138,15 @@ func (c *Conn) sendStream(ctx context.Context, hdr streamHeader, opts SendOption
 		return Stats{}, c.werr
 	}
 	var enc *zstd.Encoder
+	floor := c.encSpeed
 	if opts.Compression != CompressOff {
-		if enc, err = c.encoderLocked(); err != nil {
+		if c.slowLink(opts.LinkBitsPerSecond) {
+			enc, err = c.denseEncoderLocked()
+			floor /= denseSlowdown
+		} else {
+			enc, err = c.encoderLocked()
+		}
+		if err != nil {
 			return Stats{}, err
 		}
 	}
@@ -159,7 +166,7 @@ func (c *Conn) sendStream(ctx context.Context, hdr streamHeader, opts SendOption
 	defer cancel()
 	items := make(chan item, opts.Depth)
 	p := newProducer(pctx, items, opts, enc)
-	p.auto.floor = c.encSpeed
+	p.auto.floor = floor
 	var perr error
 	var wg sync.WaitGroup
 	wg.Go(func() {
@@ -250,6 +257,39 @@ func (c *Conn) encoderLocked() (*zstd.Encoder, error) {
 		c.enc = enc
 	}
 	return c.enc, nil
+}
+
+// denseLinkFactor is how many times faster than the link the fast
+// encoder must be (as WarmCompression measured it) for a stream to use the
+// dense one; denseSlowdown is about how much slower the dense one runs.
+// On a link that slow the stream's time is the wire's, and the dense
+// level's smaller output shortens it while still outrunning the link.
+const (
+	denseLinkFactor = 16
+	denseSlowdown   = 2.5
+)
+
+// slowLink says whether a stream over a link of bps bits per second (0:
+// unknown) takes the dense encoder. The caller holds wmu.
+func (c *Conn) slowLink(bps int64) bool {
+	return bps > 0 && c.encSpeed > denseLinkFactor*float64(bps)/8
+}
+
+// denseEncoderLocked returns the connection's dense zstd encoder (zstd's
+// default level), made on first use. The caller holds wmu.
+func (c *Conn) denseEncoderLocked() (*zstd.Encoder, error) {
+	if c.dense == nil {
+		enc, err := zstd.NewWriter(nil,
+			zstd.WithEncoderLevel(zstd.SpeedDefault),
+			zstd.WithEncoderConcurrency(1),
+			zstd.WithEncoderCRC(false),
+		)
+		if err != nil {
+			return nil, fmt.Errorf("zstd encoder: %w", err)
+		}
+		c.dense = enc
+	}
+	return c.dense, nil
 }
 
 // WarmCompression makes the connection's zstd encoder, runs it once over

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -781,4 +782,56 @@ func TestTee(t *testing.T) {
 			t.Errorf("%s: tee saw other bytes than the file's", name)
 		}
 	}
+}
+
+// TestDenseOnSlowLink: a stream over a link far slower than the fast
+// encoder (as WarmCompression measured it) goes through the dense one,
+// which makes compressible data smaller; a fast link keeps the fast one.
+// Both arrive intact.
+func TestDenseOnSlowLink(t *testing.T) {
+	ctx := context.Background()
+	// Text of words from a small vocabulary: zstd's default level finds
+	// more of its repeats than its fastest.
+	vocab := strings.Fields("page heap arena slot request worker session opcache zval string array object handler query result cache entry table index")
+	var text bytes.Buffer
+	r := rand.New(rand.NewPCG(7, 7))
+	for text.Len() < 8<<20 {
+		text.WriteString(vocab[r.IntN(len(vocab))])
+		text.WriteByte(" \n"[r.IntN(2)])
+	}
+	data := text.Bytes()
+	send := func(bps int64) (Stats, *Conn) {
+		t.Helper()
+		a, b := tcpPair(t)
+		sc, rc := NewConn(a), NewConn(b)
+		defer sc.Close()
+		defer rc.Close()
+		sc.encSpeed = 400e6 // as WarmCompression would have measured it
+		got := make(chan []byte, 1)
+		go func() {
+			var buf bytes.Buffer
+			_, err := rc.RecvStream(ctx, &buf, RecvOptions{})
+			if err != nil {
+				t.Error(err)
+			}
+			got <- buf.Bytes()
+		}()
+		st, err := sc.SendStream(ctx, bytes.NewReader(data), SendOptions{Compression: CompressZstd, LinkBitsPerSecond: bps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(<-got, data) {
+			t.Fatal("the stream arrived changed")
+		}
+		return st, sc
+	}
+	fast, fc := send(10e9)
+	slow, sc := send(100e6)
+	if fc.dense != nil || sc.dense == nil {
+		t.Fatalf("dense encoder made on the 10 Gbit/s link: %v, on the 100 Mbit/s link: %v", fc.dense != nil, sc.dense != nil)
+	}
+	if float64(slow.WireBytes) > 0.95*float64(fast.WireBytes) {
+		t.Fatalf("the dense stream took %d bytes on the wire, the fast one %d", slow.WireBytes, fast.WireBytes)
+	}
+	t.Logf("wire bytes: fast encoder %d, dense %d (of %d)", fast.WireBytes, slow.WireBytes, len(data))
 }
