@@ -13,7 +13,7 @@
 // place only once the summary matches, so a failed transfer leaves nothing
 // behind. Chunks may be zstd-compressed, always or when a probe shows that
 // compression raises throughput over the declared link rate: at zstd's
-// fastest level, or at its default level on a link at least 16 times
+// fastest level, or at its default level on a link at least 40 times
 // slower than the fastest level runs here, where the wire sets the pace
 // and the denser output shortens it.
 //
