@@ -27,24 +27,7 @@ func TestSpliceKilledResetsTarget(t *testing.T) {
 		spliceUntilKilled(t, target)
 		return
 	}
-	ended := make(chan error, 1)
-	target, _ := serveTarget(t, func(c *net.TCPConn) {
-		_, err := io.Copy(io.Discard, struct{ io.Reader }{c})
-		ended <- err
-	})
-	child := testutil.Child(t, "TestSpliceKilledResetsTarget", spliceChildEnv, target, "spliced")
-	if err := child.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case err := <-ended:
-		if err == nil {
-			t.Fatal("the target saw end of file when the splicing agent was killed, not a reset")
-		}
-		t.Logf("target: %v", err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the target's connection outlived the killed agent")
-	}
+	killChildExpectReset(t, "TestSpliceKilledResetsTarget", spliceChildEnv, "spliced")
 }
 
 // spliceDialedEnv makes the test binary the agent of
@@ -65,19 +48,27 @@ func TestSpliceKilledAtDialResetsTarget(t *testing.T) {
 		spliceUntilKilled(t, target)
 		return
 	}
+	killChildExpectReset(t, "TestSpliceKilledAtDialResetsTarget", spliceDialedEnv, "dialed")
+}
+
+// killChildExpectReset serves a target, runs test in a child agent
+// splicing a tunnel to it (env names the target), kills the child once
+// it printed marker, and expects the target's connection to end with a
+// reset within 5 s.
+func killChildExpectReset(t *testing.T, test, env, marker string) {
 	ended := make(chan error, 1)
 	target, accepted := serveTarget(t, func(c *net.TCPConn) {
 		_, err := io.Copy(io.Discard, struct{ io.Reader }{c})
 		ended <- err
 	})
-	child := testutil.Child(t, "TestSpliceKilledAtDialResetsTarget", spliceDialedEnv, target, "dialed")
+	child := testutil.Child(t, test, env, target, marker)
 	if err := child.Kill(); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case err := <-ended:
 		if err == nil {
-			t.Fatal("the target saw end of file when the agent was killed right after its dial, not a reset")
+			t.Fatalf("the target saw end of file when the agent was killed (%s), not a reset", marker)
 		}
 		t.Logf("target: %v (connections accepted: %d)", err, accepted.Load())
 	case <-time.After(5 * time.Second):
