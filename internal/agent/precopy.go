@@ -84,7 +84,7 @@ func (a *Agent) memoryRounds(ctx context.Context, conn *transfer.Conn, name stri
 		err = stored(ctx)
 	}
 	for _, h := range hist {
-		pc.Rounds = append(pc.Rounds, migration.Round{Pages: h.Pages, ChangedPages: h.Changed, Bytes: h.Bytes, Ms: migration.Ms(h.Duration)})
+		pc.Rounds = append(pc.Rounds, migration.Round{Pages: h.Pages, ChangedPages: h.Changed, XorPages: h.XorPages, Bytes: h.Bytes, Ms: migration.Ms(h.Duration)})
 	}
 	pc.StopReason = string(why)
 	if err != nil {

@@ -997,7 +997,7 @@ func (o *outgoing) sendState() error {
 		o.res.BytesOnWire += fst.Bytes()
 		p := o.res.Precopy
 		p.DumpPages, p.HeldPages, p.CopyPages, p.ZeroPages, p.DataPages = fst.Pages, fst.HeldPages, fst.CopyPages, fst.ZeroPages, fst.DataPages
-		p.FinalBytes = fst.Bytes()
+		p.XorPages, p.FinalBytes = fst.XorPages, fst.Bytes()
 		p.FinalImages, p.FinalEarly = fst.Images, fst.EarlyImages
 		o.res.StateBytes += fst.DumpBytes
 		if err != nil {

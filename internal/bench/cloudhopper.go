@@ -174,6 +174,9 @@ type CloudhopperMember struct {
 	Restore  *migration.RestoreReport `json:"restore,omitempty"`
 	// Precopy: pre-copy's and hybrid's live rounds and final delta.
 	Precopy *migration.Precopy `json:"precopy,omitempty"`
+	// CRIU: the dump's own statistics (its freeze, memory dump and
+	// write times).
+	CRIU map[string]float64 `json:"criu,omitempty"`
 }
 
 // CloudhopperReport is what `edgehop bench cloudhopper` prints.
@@ -416,7 +419,7 @@ func (e *env) cloudhopperRun(ctx context.Context, cfg CloudhopperConfig, app *wp
 		}
 		members[i] = r
 		run.Members = append(run.Members, CloudhopperMember{Name: r.Container, DowntimeMs: r.DowntimeMs, TotalMs: r.TotalMs,
-			BytesOnWire: r.BytesOnWire, StateBytes: r.StateBytes, PhasesMs: r.PhasesMs, Restore: r.Destination, Precopy: r.Precopy})
+			BytesOnWire: r.BytesOnWire, StateBytes: r.StateBytes, PhasesMs: r.PhasesMs, Restore: r.Destination, Precopy: r.Precopy, CRIU: r.CRIU})
 	}
 	unit := migration.UnitResult(members)
 	run.OK, run.DowntimeMs, run.TotalMs = unit.OK, unit.DowntimeMs, unit.TotalMs

@@ -115,11 +115,14 @@ type Precopy struct {
 	LayerChanged int     `json:"layer_changed"` // its entries sent again in the frozen window
 	// Final round (pre-copy): pages in the dump, and how many of them the
 	// destination held already, as a copy elsewhere, as zero, or needed.
-	DumpPages  int64 `json:"dump_pages,omitempty"`
-	HeldPages  int64 `json:"held_pages,omitempty"`
-	CopyPages  int64 `json:"copy_pages,omitempty"`
-	ZeroPages  int64 `json:"zero_pages,omitempty"`
-	DataPages  int64 `json:"data_pages,omitempty"`
+	DumpPages int64 `json:"dump_pages,omitempty"`
+	HeldPages int64 `json:"held_pages,omitempty"`
+	CopyPages int64 `json:"copy_pages,omitempty"`
+	ZeroPages int64 `json:"zero_pages,omitempty"`
+	DataPages int64 `json:"data_pages,omitempty"`
+	// XorPages of the DataPages went as their XOR with the page the
+	// destination held (precopy's shadow copies).
+	XorPages   int64 `json:"xor_pages,omitempty"`
 	FinalBytes int64 `json:"final_bytes,omitempty"`
 	// FinalImages counts the dump's pages images, FinalEarly those sent
 	// while CRIU was still dumping (precopy.DumpWatch).
@@ -134,6 +137,7 @@ type Precopy struct {
 type Round struct {
 	Pages        int64   `json:"pages"`
 	ChangedPages int64   `json:"changed_pages"`
+	XorPages     int64   `json:"xor_pages,omitempty"`
 	Bytes        int64   `json:"bytes_on_wire"`
 	Ms           float64 `json:"ms"`
 }

@@ -15,6 +15,11 @@
 // data) with a checksum per record.
 // Zero pages go as a flag, and a page whose content the destination
 // already holds at another address goes as a copy from there. The
+// source keeps a copy of the pages it sent as data, up to a bound
+// (shadow.go, the pages that changed after the first round first): a
+// page that changed in few of its words goes as its XOR with what the
+// destination holds, which the stream's compression reduces to little
+// more than those words. The
 // destination (Store) keeps one sparse file per namespace pid, the page
 // at address a stored at offset a. The source remembers the hash of
 // every page the destination holds. ShouldStop decides when to stop the
@@ -22,7 +27,8 @@
 //
 // The final round (Source.SendFinal, Store.RebuildFinal) sends CRIU's
 // dump of the frozen container: each pages-*.img file page by page in its
-// order, as "you hold it at (pid, address)" or the data, then every other
+// order, as "you hold it at (pid, address)", the data or its XOR with
+// what the destination holds there, then every other
 // image as it is. The destination writes the pages files from its store
 // and the delta and checks each against the source's digest, so the image
 // directory it restores from is byte-identical to the dump. With a

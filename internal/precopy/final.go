@@ -25,6 +25,9 @@ type FinalStats struct {
 	// destination, CopyPages at another address; ZeroPages went as a flag
 	// and DataPages as data: DataPages is what changed since the rounds.
 	HeldPages, CopyPages, ZeroPages, DataPages int64
+	// XorPages of the DataPages went as their XOR with the page the
+	// destination held at their address.
+	XorPages int64
 	// EarlyImages of the pages images were sent before the dump was done
 	// (SendFinal with a DumpWatch).
 	EarlyImages int
@@ -100,7 +103,7 @@ func (s *Source) SendFinal(ctx context.Context, conn *transfer.Conn, imgDir stri
 		return st, s.err
 	}
 	s.log.Debug("precopy final", "images", st.Images, "pages", st.Pages, "held", st.HeldPages,
-		"copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages, "early", src.early,
+		"copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages, "xor", st.XorPages, "early", src.early,
 		"meta_bytes", st.MetaBytes, "delta_bytes", st.DeltaBytes, "ms", time.Since(start).Milliseconds())
 	return st, nil
 }
@@ -391,7 +394,12 @@ func (r *finalReader) page(loc pageLoc, h uint64, data []byte) {
 		r.enc.page(recCopy, loc.pid, loc.addr, src.pid, src.addr, nil)
 	default:
 		st.DataPages++
-		r.enc.page(recData, loc.pid, loc.addr, 0, 0, data)
+		if base := s.xorBase(loc, held, ok && loc.pid != 0, data); base != nil {
+			st.XorPages++
+			r.enc.xor(loc.pid, loc.addr, data, base)
+		} else {
+			r.enc.page(recData, loc.pid, loc.addr, 0, 0, data)
+		}
 	}
 	// The destination releases what it held at the page's own address.
 	if loc.pid != 0 && ok {

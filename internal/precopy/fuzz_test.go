@@ -12,7 +12,7 @@ import (
 	"testing"
 )
 
-// roundStream encodes a small valid round: data, zero and copy runs.
+// roundStream encodes a small valid round: data, zero, copy and XOR runs.
 func roundStream() []byte {
 	var e encoder
 	e.single(record{typ: recBegin, pid: kindRound, count: version, addr: 1})
@@ -21,8 +21,11 @@ func roundStream() []byte {
 	e.page(recData, 1, 0x11000, 0, 0, page)
 	e.page(recZero, 1, 0x20000, 0, 0, nil)
 	e.page(recCopy, 2, 0x30000, 1, 0x10000, nil)
+	other := bytes.Clone(page)
+	other[100] = 9
+	e.xor(1, 0x11000, other, page)
 	e.flush()
-	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records + 1})
+	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
 	return e.buf
 }
 

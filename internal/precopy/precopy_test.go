@@ -115,7 +115,7 @@ func runRounds(t testing.TB, ctx context.Context, s *Source, st *Store, src, dst
 	}
 	for i, r := range got.rounds {
 		w := sent[i]
-		if r.Round != w.Round || r.Changed != w.Changed || r.DataPages != w.DataPages ||
+		if r.Round != w.Round || r.Changed != w.Changed || r.DataPages != w.DataPages || r.XorPages != w.XorPages ||
 			r.ZeroPages != w.ZeroPages || r.CopyPages != w.CopyPages || r.Bytes != w.Bytes {
 			t.Fatalf("round %d: sent %+v, received %+v", w.Round, w, r)
 		}
@@ -143,7 +143,7 @@ func doFinal(t testing.TB, ctx context.Context, s *Source, st *Store, src, dst *
 	}
 	r := got.st
 	t.Logf("final: sent in %v, rebuilt in %v", sent.Duration.Round(time.Millisecond), r.Duration.Round(time.Millisecond))
-	if r.Pages != sent.Pages || r.HeldPages != sent.HeldPages || r.DataPages != sent.DataPages ||
+	if r.Pages != sent.Pages || r.HeldPages != sent.HeldPages || r.DataPages != sent.DataPages || r.XorPages != sent.XorPages ||
 		r.CopyPages != sent.CopyPages || r.ZeroPages != sent.ZeroPages || r.DumpBytes != sent.DumpBytes {
 		t.Fatalf("final: sent %+v, rebuilt %+v", sent, r)
 	}
@@ -275,8 +275,8 @@ func roundsFinalAndRestore(t *testing.T, pidns bool) {
 
 	history, why := runRounds(t, ctx, source, store, src, dst, StopRule{MaxRounds: 4, DeltaBytes: 64 << 10})
 	for _, r := range history {
-		t.Logf("round %d: %d pages read, %d changed (%d data, %d zero, %d copy, %d skipped), %d wire bytes, read %.0f MB/s, %v",
-			r.Round, r.Pages, r.Changed, r.DataPages, r.ZeroPages, r.CopyPages, r.Skipped, r.Bytes, r.ReadThroughput()/1e6, r.Duration)
+		t.Logf("round %d: %d pages read, %d changed (%d data of which %d XOR, %d zero, %d copy, %d skipped), %d wire bytes, read %.0f MB/s, %v",
+			r.Round, r.Pages, r.Changed, r.DataPages, r.XorPages, r.ZeroPages, r.CopyPages, r.Skipped, r.Bytes, r.ReadThroughput()/1e6, r.Duration)
 	}
 	t.Logf("stopped: %s", why)
 	first := history[0]
@@ -311,8 +311,8 @@ func roundsFinalAndRestore(t *testing.T, pidns bool) {
 	rebuilt := filepath.Join(dir, "rebuilt")
 	f, _ := doFinal(t, ctx, source, store, src, dst, dump, rebuilt)
 	sameTree(t, dump, rebuilt)
-	t.Logf("dump %v: %d pages (%d bytes) in %d images; final: %d held, %d copied, %d zero, %d data; %d meta + %d delta wire bytes in %v",
-		dumpTime, f.Pages, f.DumpBytes, f.Images, f.HeldPages, f.CopyPages, f.ZeroPages, f.DataPages, f.MetaBytes, f.DeltaBytes, f.Duration)
+	t.Logf("dump %v: %d pages (%d bytes) in %d images; final: %d held, %d copied, %d zero, %d data of which %d XOR; %d meta + %d delta wire bytes in %v",
+		dumpTime, f.Pages, f.DumpBytes, f.Images, f.HeldPages, f.CopyPages, f.ZeroPages, f.DataPages, f.XorPages, f.MetaBytes, f.DeltaBytes, f.Duration)
 	if f.Images != 1+spec.children {
 		t.Fatalf("%d pages images for %d processes", f.Images, 1+spec.children)
 	}
@@ -321,6 +321,11 @@ func roundsFinalAndRestore(t *testing.T, pidns bool) {
 	}
 	if f.DataPages > hot+churn || f.DataPages > f.Pages/4 {
 		t.Fatalf("final round sent %d data pages of %d; only %d are hot", f.DataPages, f.Pages, hot)
+	}
+	// The hot pages change a word each cycle: those that changed in a
+	// round after the first go as XORs with the copy that round sent.
+	if f.XorPages < f.DataPages/2 {
+		t.Fatalf("final round sent %d of %d data pages as XOR; the hot pages change in a word", f.XorPages, f.DataPages)
 	}
 	changed := f.DataPages * PageSize
 	t.Logf("final delta wire bytes / changed bytes = %d / %d = %.3f; final bytes / dump bytes = %.3f",

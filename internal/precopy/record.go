@@ -27,13 +27,13 @@ const PageSize = 4096
 //	            pages image id; file end: digest; end: pages)
 //	24     8    saddr: address of a copy's source (final begin: page
 //	            hash seed, second half; end: records)
-//	32     count·4096 bytes of data, data records only
+//	32     count·4096 bytes of data, data and XOR records only
 //	…      8    xxhash64 of the header and the data
 //
 // all little-endian. A round is begin, then data, zero and copy records,
 // then end. A final delta is begin, then per pages image a file begin,
-// its pages in the image's order as held, copy, data and zero records,
-// and a file end; then end.
+// its pages in the image's order as held, copy, data, XOR and zero
+// records, and a file end; then end. Rounds carry XOR records too.
 const (
 	headerLen   = 32
 	checksumLen = 8
@@ -44,8 +44,8 @@ const (
 	// maxAddr bounds addresses: the store files are this big (sparse).
 	maxAddr = 1 << 57
 	// version 2: pages are hashed under a key (pageHasher) whose seed
-	// the final delta's begin record carries.
-	version = 2
+	// the final delta's begin record carries; 3: XOR records.
+	version = 3
 )
 
 // Record types.
@@ -54,6 +54,7 @@ const (
 	recData    byte = 'D' // count pages of data for (pid, addr)
 	recZero    byte = 'Z' // count zero pages at (pid, addr)
 	recCopy    byte = 'C' // (pid, addr) gets the content held at (spid, saddr)
+	recXor     byte = 'X' // count pages of data XORed with what (pid, addr) holds
 	recHeld    byte = 'H' // final only: the destination holds (pid, addr)
 	recFile    byte = 'F' // final only: pages image addr begins, count pages
 	recFileEnd byte = 'f' // final only: its digest (addr) and pages (count)
@@ -122,8 +123,11 @@ func (e *encoder) flush() {
 
 // isPages reports whether records of type t carry pages.
 func isPages(t byte) bool {
-	return t == recData || t == recZero || t == recCopy || t == recHeld
+	return t == recData || t == recZero || t == recCopy || t == recHeld || t == recXor
 }
+
+// hasData reports whether records of type t carry count pages of data.
+func hasData(t byte) bool { return t == recData || t == recXor }
 
 // single writes a record without pages (begin, file begin and end, end).
 func (e *encoder) single(r record) {
@@ -137,10 +141,34 @@ func (e *encoder) single(r record) {
 // page adds one page of type typ at (pid, addr); data is the page for
 // recData, (spid, saddr) the source for recCopy.
 func (e *encoder) page(typ byte, pid uint32, addr uint64, spid uint32, saddr uint64, data []byte) {
+	e.extend(typ, pid, addr, spid, saddr)
+	if typ == recData {
+		e.buf = append(e.buf, data...)
+	}
+}
+
+// xor adds one recXor page at (pid, addr): data XOR base, base being
+// what the destination holds there.
+func (e *encoder) xor(pid uint32, addr uint64, data, base []byte) {
+	e.extend(recXor, pid, addr, 0, 0)
+	n := len(e.buf)
+	e.buf = append(e.buf, data...)
+	xorInto(e.buf[n:], base)
+}
+
+// xorInto sets dst to dst XOR src (of the same length, a multiple of 8).
+func xorInto(dst, src []byte) {
+	for i := 0; i+8 <= len(dst); i += 8 {
+		binary.LittleEndian.PutUint64(dst[i:], binary.LittleEndian.Uint64(dst[i:])^binary.LittleEndian.Uint64(src[i:]))
+	}
+}
+
+// extend adds one page of type typ to the open run, or opens a new run.
+func (e *encoder) extend(typ byte, pid uint32, addr uint64, spid uint32, saddr uint64) {
 	r := &e.run
 	if e.open && r.typ == typ && r.pid == pid && (pid == 0 || addr == r.addr+uint64(r.count)*PageSize) &&
 		(typ != recCopy || (spid == r.spid && saddr == r.saddr+uint64(r.count)*PageSize)) &&
-		((typ == recData && r.count < maxDataPages) || (typ != recData && r.count < maxRunPages)) {
+		((hasData(typ) && r.count < maxDataPages) || (!hasData(typ) && r.count < maxRunPages)) {
 		r.count++
 	} else {
 		e.flush()
@@ -148,9 +176,6 @@ func (e *encoder) page(typ byte, pid uint32, addr uint64, spid uint32, saddr uin
 		e.buf = append(e.buf, make([]byte, headerLen)...)
 		e.run = record{typ: typ, count: 1, pid: pid, addr: addr, spid: spid, saddr: saddr}
 		e.open = true
-	}
-	if typ == recData {
-		e.buf = append(e.buf, data...)
 	}
 }
 
@@ -186,7 +211,7 @@ func (d *decoder) next() (record, error) {
 		return r, fmt.Errorf("%w: reserved header bytes set", ErrCorrupt)
 	}
 	n := 0
-	if r.typ == recData {
+	if hasData(r.typ) {
 		if r.count > maxDataPages {
 			return r, fmt.Errorf("%w: data record of %d pages", ErrCorrupt, r.count)
 		}
@@ -228,7 +253,7 @@ func (r record) check() error {
 	if r.pid != 0 && (r.addr%PageSize != 0 || r.addr >= maxAddr || maxAddr-r.addr < span) {
 		return bad("address outside the store")
 	}
-	if r.typ == recHeld && r.pid == 0 {
+	if (r.typ == recHeld || r.typ == recXor) && r.pid == 0 {
 		return bad("held pages without an address")
 	}
 	if r.typ == recCopy && (r.spid == 0 || r.saddr%PageSize != 0 || r.saddr >= maxAddr || maxAddr-r.saddr < span) {

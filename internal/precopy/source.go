@@ -45,6 +45,10 @@ type Config struct {
 	// Send tunes the streams (compression, link rate); Name is set by
 	// the Source.
 	Send transfer.SendOptions
+	// ShadowBytes bounds the copies the Source keeps of the pages it
+	// sent, to send their next change as an XOR (shadow.go); 0 means
+	// DefaultShadowBytes, negative keeps none.
+	ShadowBytes int64
 	// Logger receives a line per round; nil discards.
 	Logger *slog.Logger
 	// Now is the clock Rounds checks StopRule.Deadline against; nil
@@ -88,6 +92,9 @@ type Source struct {
 	// index maps a (non-zero) page hash to a location that held it when
 	// recorded; used only after checking held still says so.
 	index map[uint64]pageLoc
+	// shadow holds, up to a bound, what the destination holds of the
+	// pages sent, the pages that changed after the first round first.
+	shadow *shadows
 	// rounds counts rounds started.
 	rounds int
 	// err is sticky: set when a stream failed, or after the final delta.
@@ -116,13 +123,17 @@ func NewSource(cfg Config) (*Source, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.ShadowBytes == 0 {
+		cfg.ShadowBytes = DefaultShadowBytes
+	}
 	h := newPageHasher()
 	return &Source{
 		cfg: cfg, log: log,
 		hash: h, zeroHash: h.sum(zeroPage[:]),
-		held:  map[uint32]map[uint64]uint64{},
-		index: map[uint64]pageLoc{},
-		buf:   make([]byte, cfg.BatchBytes),
+		held:   map[uint32]map[uint64]uint64{},
+		index:  map[uint64]pageLoc{},
+		shadow: newShadows(cfg.ShadowBytes),
+		buf:    make([]byte, cfg.BatchBytes),
 	}, nil
 }
 
@@ -143,8 +154,11 @@ type RoundStats struct {
 	// Pages were read (the tree's resident anonymous memory), Changed of
 	// them differed from what the destination held and were sent: as
 	// data, as a zero flag, or as a copy of a page it holds elsewhere.
+	// XorPages of the DataPages went as their XOR with what the
+	// destination held.
 	Pages, Changed                  int64
 	DataPages, ZeroPages, CopyPages int64
+	XorPages                        int64
 	// Skipped pages could not be read (unmapped during the round).
 	Skipped int64
 	// Bytes went on the wire (frames included, before TLS).
@@ -192,7 +206,7 @@ func (s *Source) Round(ctx context.Context, conn *transfer.Conn) (RoundStats, er
 		return st, s.err
 	}
 	s.log.Debug("precopy round", "round", st.Round, "processes", st.Processes, "pages", st.Pages,
-		"changed", st.Changed, "data", st.DataPages, "zero", st.ZeroPages, "copy", st.CopyPages,
+		"changed", st.Changed, "data", st.DataPages, "xor", st.XorPages, "zero", st.ZeroPages, "copy", st.CopyPages,
 		"skipped", st.Skipped, "wire_bytes", st.Bytes, "read_ms", st.ReadTime.Milliseconds(),
 		"ms", st.Duration.Milliseconds())
 	return st, nil
@@ -415,22 +429,45 @@ func (r *roundReader) page(addr uint64, data []byte) {
 		m = map[uint64]uint64{}
 		s.held[nspid] = m
 	}
-	if old, ok := m[addr/PageSize]; ok && old == h {
+	old, held := m[addr/PageSize]
+	if held && old == h {
 		return
 	}
 	r.st.Changed++
 	self := pageLoc{nspid, addr}
+	// The shadows keep what the destination now holds (a zero page
+	// needs no copy).
 	switch src, ok := s.copySource(h, self); {
 	case s.isZeroPage(data, h):
 		r.st.ZeroPages++
 		r.enc.page(recZero, nspid, addr, 0, 0, nil)
+		s.shadow.drop(self)
 	case ok:
 		r.st.CopyPages++
 		r.enc.page(recCopy, nspid, addr, src.pid, src.addr, nil)
+		s.shadow.share(self, src, h)
 	default:
 		r.st.DataPages++
-		r.enc.page(recData, nspid, addr, 0, 0, data)
+		if base := s.xorBase(self, old, held, data); base != nil {
+			r.st.XorPages++
+			r.enc.xor(nspid, addr, data, base)
+		} else {
+			r.enc.page(recData, nspid, addr, 0, 0, data)
+		}
 		s.index[h] = self
+		s.shadow.put(self, h, data, r.st.Round > 1)
 	}
 	m[addr/PageSize] = h
+}
+
+// xorBase returns the page the destination holds at loc (hashed old, if
+// held) when data is better sent as its XOR with it, or nil.
+func (s *Source) xorBase(loc pageLoc, old uint64, held bool, data []byte) []byte {
+	if !held {
+		return nil
+	}
+	if base := s.shadow.get(loc, old); base != nil && xorWorth(data, base) {
+		return base
+	}
+	return nil
 }

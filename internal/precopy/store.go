@@ -206,6 +206,10 @@ func (s *Store) applyRound(d *decoder, st *RoundStats) error {
 		case recData:
 			st.DataPages += int64(r.count)
 			err = s.write(r.pid, r.addr, r.data)
+		case recXor:
+			st.DataPages += int64(r.count)
+			st.XorPages += int64(r.count)
+			err = s.xor(r)
 		case recZero:
 			st.ZeroPages += int64(r.count)
 			err = s.punch(r.pid, r.addr, r.count)
@@ -254,6 +258,17 @@ func (s *Store) read(pid uint32, addr uint64, buf []byte) error {
 	}
 	_, err = f.ReadAt(buf, int64(addr))
 	return err
+}
+
+// xor applies an XOR record: each page held at its address becomes
+// itself XOR the record's data.
+func (s *Store) xor(r record) error {
+	buf := s.buf[:len(r.data)]
+	if err := s.read(r.pid, r.addr, buf); err != nil {
+		return err
+	}
+	xorInto(buf, r.data)
+	return s.write(r.pid, r.addr, buf)
 }
 
 // copy applies a copy record within the store. The source had each page
@@ -312,7 +327,7 @@ func (s *Store) RebuildFinal(ctx context.Context, conn *transfer.Conn, imgDir st
 		return st, fmt.Errorf("precopy rebuild: %w", errors.Join(err, os.RemoveAll(imgDir)))
 	}
 	s.log.Debug("precopy rebuilt images", "dir", imgDir, "images", st.Images, "pages", st.Pages,
-		"held", st.HeldPages, "copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages,
+		"held", st.HeldPages, "copy", st.CopyPages, "zero", st.ZeroPages, "data", st.DataPages, "xor", st.XorPages,
 		"ms", time.Since(start).Milliseconds())
 	return st, nil
 }
@@ -377,7 +392,7 @@ func (b *finalBuilder) apply(d *decoder) error {
 			err = b.begin(r)
 		case recFileEnd:
 			err = b.end(r)
-		case recData, recZero, recCopy, recHeld:
+		case recData, recXor, recZero, recCopy, recHeld:
 			err = b.pagesOf(r)
 			pages += uint64(r.count)
 		case recEnd:
@@ -451,6 +466,21 @@ func (b *finalBuilder) pagesOf(r record) error {
 	case recData:
 		st.DataPages += int64(r.count)
 		w.write(r.data)
+	case recXor:
+		st.DataPages += int64(r.count)
+		st.XorPages += int64(r.count)
+		// Read the held pages straight into the image's buffer and
+		// apply the XOR there.
+		for off := 0; off < len(r.data); {
+			sp := w.space()
+			k := min(len(sp), len(r.data)-off)
+			if err := s.read(r.pid, r.addr+uint64(off), sp[:k]); err != nil {
+				return err
+			}
+			xorInto(sp[:k], r.data[off:off+k])
+			w.commit(k)
+			off += k
+		}
 	case recZero:
 		st.ZeroPages += int64(r.count)
 		w.zeros(r.count)
