@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -104,17 +105,13 @@ func TestPodRollsBackAsOne(t *testing.T) {
 	// the source sends as it reports: the namespace goes soon after.
 	netns := filepath.Join(st.Nodes[1].StateDir, "netns")
 	start := time.Now()
-	for {
-		left, _ := os.ReadDir(netns)
-		if len(left) == 0 {
-			t.Logf("node1's namespaces gone %v after the checks", time.Since(start).Round(time.Millisecond))
-			break
+	testutil.Eventually(t, 30*time.Second, func() error {
+		if left, _ := os.ReadDir(netns); len(left) != 0 {
+			return fmt.Errorf("node1 kept network namespaces %v", names(left))
 		}
-		if time.Since(start) > 30*time.Second {
-			t.Fatalf("node1 kept network namespaces %v", names(left))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	t.Logf("node1's namespaces gone %v after the checks", time.Since(start).Round(time.Millisecond))
 }
 
 func names(ents []os.DirEntry) []string {
