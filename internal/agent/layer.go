@@ -93,11 +93,16 @@ func snapshotLayer(root string) (layerSnapshot, error) {
 }
 
 // listLayer lists root's entries, with no time: enough for what changed
-// since an earlier snapshot, and for comparing trees.
+// since an earlier snapshot, and for comparing trees. The service runs
+// meanwhile: an entry it removes during the walk (a database's temporary
+// file) is left out, as if listed a moment later.
 func listLayer(root string) (layerSnapshot, error) {
 	snap := layerSnapshot{entries: map[string]layerEntry{}}
 	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil {
+			if p != root && errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
 			return err
 		}
 		if p == root {
@@ -105,6 +110,9 @@ func listLayer(root string) (layerSnapshot, error) {
 		}
 		var st unix.Stat_t
 		if err := unix.Lstat(p, &st); err != nil {
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
 			return err
 		}
 		rel, _ := filepath.Rel(root, p)
