@@ -394,9 +394,9 @@ func (r *finalReader) page(loc pageLoc, h uint64, data []byte) {
 		r.enc.page(recCopy, loc.pid, loc.addr, src.pid, src.addr, nil)
 	default:
 		st.DataPages++
-		if base := s.xorBase(loc, held, ok && loc.pid != 0, data); base != nil {
+		if x := s.xorOf(loc, held, ok && loc.pid != 0, data); x != nil {
 			st.XorPages++
-			r.enc.xor(loc.pid, loc.addr, data, base)
+			r.enc.xor(loc.pid, loc.addr, x)
 		} else {
 			r.enc.page(recData, loc.pid, loc.addr, 0, 0, data)
 		}

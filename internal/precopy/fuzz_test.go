@@ -7,9 +7,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
-
-	"google.golang.org/protobuf/encoding/protowire"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // roundStream encodes a small valid round: data, zero, copy and XOR runs.
@@ -23,7 +26,7 @@ func roundStream() []byte {
 	e.page(recCopy, 2, 0x30000, 1, 0x10000, nil)
 	other := bytes.Clone(page)
 	other[100] = 9
-	e.xor(1, 0x11000, other, page)
+	e.xor(1, 0x11000, xorPage(other, page))
 	e.flush()
 	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
 	return e.buf
@@ -79,6 +82,140 @@ func FuzzApplyRound(f *testing.F) {
 		// Data pages arrive in the input; copies at most duplicate them.
 		if limit := int64(2*len(in)) + 64*PageSize; held > limit {
 			t.Fatalf("store holds %d bytes from %d bytes of input", held, len(in))
+		}
+	})
+}
+
+// finalStream encodes a valid final delta for a store that received
+// roundStream: one pages image of held, XOR, data and zero pages of pid
+// 1, and one without addresses holding a copy of pid 2's page.
+func finalStream() []byte {
+	hash := newPageHasher()
+	page := bytes.Repeat([]byte{7}, PageSize)
+	other := bytes.Clone(page) // what roundStream left at (1, 0x11000)
+	other[100] = 9
+	next, fresh := bytes.Clone(other), bytes.Repeat([]byte{3}, PageSize)
+	next[200] = 1
+	digest := func(pages ...[]byte) uint64 {
+		d := xxhash.New()
+		for _, p := range pages {
+			d.Write(binary.LittleEndian.AppendUint64(nil, hash.sum(p)))
+		}
+		return d.Sum64()
+	}
+	var e encoder
+	k0, k1 := hash.words()
+	e.single(record{typ: recBegin, count: version, pid: kindFinal, addr: k0, saddr: k1})
+	e.single(record{typ: recFile, count: 4, spid: 0o600, addr: 1})
+	e.page(recHeld, 1, 0x10000, 0, 0, nil)
+	e.xor(1, 0x11000, xorPage(next, other))
+	e.page(recData, 1, 0x12000, 0, 0, fresh)
+	e.page(recZero, 1, 0x20000, 0, 0, nil)
+	e.flush()
+	e.single(record{typ: recFileEnd, count: 4, addr: digest(page, next, fresh, zeroPage[:])})
+	e.single(record{typ: recFile, count: 1, spid: 0o600, addr: 2})
+	e.page(recCopy, 0, 0, 2, 0x30000, nil)
+	e.flush()
+	e.single(record{typ: recFileEnd, count: 1, addr: digest(page)})
+	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
+	return e.buf
+}
+
+// finalFixture returns a store that received roundStream, closed when t
+// ends, and an empty image directory.
+func finalFixture(t *testing.T) (*Store, string) {
+	root := shmDir(t)
+	s, err := NewStore(filepath.Join(root, "store"), nil)
+	if err != nil {
+		t.Fatalf("new store: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	var rst RoundStats
+	if err := s.applyRound(newDecoder(bytes.NewReader(roundStream())), &rst); !errors.Is(err, errStreamDone) {
+		t.Fatalf("round: %v", err)
+	}
+	dir := filepath.Join(root, "img")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	return s, dir
+}
+
+// TestFinalStreamValid: FuzzApplyFinal's seed rebuilds its two images.
+func TestFinalStreamValid(t *testing.T) {
+	s, dir := finalFixture(t)
+	var st FinalStats
+	fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
+	if err := fb.apply(newDecoder(bytes.NewReader(finalStream()))); !errors.Is(err, errStreamDone) {
+		t.Fatalf("final: %v", err)
+	}
+	want := FinalStats{Images: 2, Pages: 5, DumpBytes: 5 * PageSize, HeldPages: 1, CopyPages: 1, ZeroPages: 1, DataPages: 2, XorPages: 1}
+	if st != want {
+		t.Fatalf("stats %+v, want %+v", st, want)
+	}
+	img1, err := os.ReadFile(filepath.Join(dir, "pages-1.img"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(img1) != 4*PageSize || img1[PageSize+100] != 9 || img1[PageSize+200] != 1 || img1[2*PageSize] != 3 {
+		t.Fatal("pages-1.img does not hold the held, XORed, data and zero pages")
+	}
+
+	// The same image twice is corrupt, not a file system error.
+	hash := newPageHasher()
+	var e encoder
+	k0, k1 := hash.words()
+	e.single(record{typ: recBegin, count: version, pid: kindFinal, addr: k0, saddr: k1})
+	for range 2 {
+		e.single(record{typ: recFile, count: 1, spid: 0o600, addr: 7})
+		e.page(recZero, 0, 0, 0, 0, nil)
+		e.flush()
+		e.single(record{typ: recFileEnd, count: 1, addr: xxhash.Sum64(binary.LittleEndian.AppendUint64(nil, hash.sum(zeroPage[:])))})
+	}
+	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
+	fb = &finalBuilder{s: s, dir: dir, st: &FinalStats{}, pending: map[uint32]linux.MemRange{}}
+	err = fb.apply(newDecoder(bytes.NewReader(e.buf)))
+	fb.abandon()
+	if !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("an image sent twice: %v, want ErrCorrupt", err)
+	}
+}
+
+// FuzzApplyFinal rebuilds pages images from a peer's arbitrary final
+// delta over a store that received a round: it fails as corrupt or as a
+// digest mismatch, or rebuilds images holding exactly the pages the
+// delta announced; never a panic or another kind of error.
+func FuzzApplyFinal(f *testing.F) {
+	f.Add(finalStream())
+	f.Add(finalStream()[:300])
+	f.Fuzz(func(t *testing.T, in []byte) {
+		s, dir := finalFixture(t)
+		var st FinalStats
+		fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
+		err := fb.apply(newDecoder(bytes.NewReader(in)))
+		if aerr := fb.abandon(); aerr != nil {
+			t.Fatalf("abandon: %v", aerr)
+		}
+		switch {
+		case errors.Is(err, errStreamDone):
+			ents, err := os.ReadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var size int64
+			for _, e := range ents {
+				fi, err := e.Info()
+				if err != nil {
+					t.Fatal(err)
+				}
+				size += fi.Size()
+			}
+			if len(ents) != st.Images || size != st.DumpBytes || st.DumpBytes != st.Pages*PageSize {
+				t.Fatalf("%d images of %d bytes, stats say %d images, %d bytes, %d pages", len(ents), size, st.Images, st.DumpBytes, st.Pages)
+			}
+		case errors.Is(err, ErrCorrupt), errors.Is(err, ErrMismatch):
+		default:
+			t.Fatalf("error neither corrupt nor a mismatch: %v", err)
 		}
 	})
 }

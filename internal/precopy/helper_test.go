@@ -1,6 +1,7 @@
 package precopy
 
 import (
+	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -256,4 +257,11 @@ func startHelper(t testing.TB, spec helperSpec, pidns bool) *helperProc {
 		h.pid = kids[0]
 	}
 	return h
+}
+
+// xorPage returns a XOR b.
+func xorPage(a, b []byte) []byte {
+	x := bytes.Clone(a)
+	xorInto(x, b)
+	return x
 }

@@ -16,7 +16,9 @@ const imageWriterBuf = 4 << 20
 // its own hashes each full buffer's pages into the image digest and
 // writes it, so filling the next buffer overlaps hashing and writing the
 // last one. The caller's methods are not safe for concurrent use; close
-// waits for the goroutine.
+// waits for the goroutine. Its two buffers are the caller's, handed back
+// by buffers after close for the next image: allocating them anew for
+// every image would cost page faults inside the frozen window.
 type imageWriter struct {
 	f     *os.File
 	hash  pageHasher  // the source's, for the digest
@@ -28,7 +30,8 @@ type imageWriter struct {
 	pages uint32
 }
 
-func newImageWriter(f *os.File, hash pageHasher) *imageWriter {
+// newImageWriter writes to f through bufs (nil: allocated here).
+func newImageWriter(f *os.File, hash pageHasher, bufs [2][]byte) *imageWriter {
 	w := &imageWriter{
 		f:    f,
 		hash: hash,
@@ -36,8 +39,11 @@ func newImageWriter(f *os.File, hash pageHasher) *imageWriter {
 		full: make(chan []byte, 2),
 		done: make(chan error, 1),
 	}
-	for range 2 {
-		w.free <- make([]byte, 0, imageWriterBuf)
+	for _, b := range bufs {
+		if b == nil {
+			b = make([]byte, 0, imageWriterBuf)
+		}
+		w.free <- b[:0]
 	}
 	w.cur = <-w.free
 	go w.run()
@@ -103,8 +109,16 @@ func (w *imageWriter) zeros(n uint32) {
 func (w *imageWriter) close() error {
 	if len(w.cur) > 0 {
 		w.full <- w.cur
+	} else {
+		w.free <- w.cur
 	}
+	w.cur = nil
 	close(w.full)
 	err := <-w.done
 	return errors.Join(err, w.f.Close())
+}
+
+// buffers returns the writer's two buffers once close returned.
+func (w *imageWriter) buffers() [2][]byte {
+	return [2][]byte{<-w.free, <-w.free}
 }

@@ -147,13 +147,11 @@ func (e *encoder) page(typ byte, pid uint32, addr uint64, spid uint32, saddr uin
 	}
 }
 
-// xor adds one recXor page at (pid, addr): data XOR base, base being
-// what the destination holds there.
-func (e *encoder) xor(pid uint32, addr uint64, data, base []byte) {
+// xor adds one recXor page at (pid, addr): x is the page XOR what the
+// destination holds there (xorIfWorth).
+func (e *encoder) xor(pid uint32, addr uint64, x []byte) {
 	e.extend(recXor, pid, addr, 0, 0)
-	n := len(e.buf)
-	e.buf = append(e.buf, data...)
-	xorInto(e.buf[n:], base)
+	e.buf = append(e.buf, x...)
 }
 
 // xorInto sets dst to dst XOR src (of the same length, a multiple of 8).

@@ -88,19 +88,31 @@ func TestShadowsShare(t *testing.T) {
 func TestXorWorth(t *testing.T) {
 	a := pageOf(1)
 	b := bytes.Clone(a)
-	if !xorWorth(a, b) {
+	x := make([]byte, PageSize)
+	if !xorIfWorth(x, a, b) || !bytes.Equal(x, make([]byte, PageSize)) {
 		t.Fatal("identical pages")
 	}
 	// A quarter of the words differ: still worth it; one more: not.
 	for w := 0; w < PageSize/32; w++ {
 		b[w*32] = 2
 	}
-	if !xorWorth(a, b) {
+	if !xorIfWorth(x, a, b) {
 		t.Fatal("a quarter of the words differ")
 	}
+	if !bytes.Equal(x, xorPage(a, b)) {
+		t.Fatal("the XOR is not a XOR b")
+	}
 	b[8] = 2
-	if xorWorth(a, b) {
+	if xorIfWorth(x, a, b) {
 		t.Fatal("more than a quarter of the words differ")
+	}
+	// Differences anywhere count, the last word too.
+	c := bytes.Clone(a)
+	for w := PageSize/8 - PageSize/32 - 1; w < PageSize/8; w++ {
+		c[w*8+7] ^= 0x80
+	}
+	if xorIfWorth(x, a, c) {
+		t.Fatal("more than a quarter of the words differ at the page's end")
 	}
 }
 
@@ -122,8 +134,8 @@ func TestXorRecord(t *testing.T) {
 
 	e = encoder{}
 	e.single(record{typ: recBegin, pid: kindRound, count: version, addr: 2})
-	e.xor(5, a, new0, old0)
-	e.xor(5, a+PageSize, new1, old1)
+	e.xor(5, a, xorPage(new0, old0))
+	e.xor(5, a+PageSize, xorPage(new1, old1))
 	e.flush()
 	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
 	round2 := bytes.Clone(e.buf)
@@ -161,7 +173,7 @@ func TestXorRecord(t *testing.T) {
 	// An XOR for a process the store holds nothing of is corrupt.
 	e = encoder{}
 	e.single(record{typ: recBegin, pid: kindRound, count: version, addr: 3})
-	e.xor(6, a, new0, old0)
+	e.xor(6, a, xorPage(new0, old0))
 	e.flush()
 	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
 	var st RoundStats

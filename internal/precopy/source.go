@@ -101,6 +101,7 @@ type Source struct {
 	err error
 
 	buf    []byte
+	xbuf   [PageSize]byte // xorOf's result
 	ranges []linux.MemRange
 }
 
@@ -448,9 +449,9 @@ func (r *roundReader) page(addr uint64, data []byte) {
 		s.shadow.share(self, src, h)
 	default:
 		r.st.DataPages++
-		if base := s.xorBase(self, old, held, data); base != nil {
+		if x := s.xorOf(self, old, held, data); x != nil {
 			r.st.XorPages++
-			r.enc.xor(nspid, addr, data, base)
+			r.enc.xor(nspid, addr, x)
 		} else {
 			r.enc.page(recData, nspid, addr, 0, 0, data)
 		}
@@ -460,14 +461,15 @@ func (r *roundReader) page(addr uint64, data []byte) {
 	m[addr/PageSize] = h
 }
 
-// xorBase returns the page the destination holds at loc (hashed old, if
-// held) when data is better sent as its XOR with it, or nil.
-func (s *Source) xorBase(loc pageLoc, old uint64, held bool, data []byte) []byte {
+// xorOf returns data's XOR with the page the destination holds at loc
+// (hashed old, if held) when that is better sent than data
+// (xorIfWorth), or nil. The XOR is valid until the next call.
+func (s *Source) xorOf(loc pageLoc, old uint64, held bool, data []byte) []byte {
 	if !held {
 		return nil
 	}
-	if base := s.shadow.get(loc, old); base != nil && xorWorth(data, base) {
-		return base
+	if base := s.shadow.get(loc, old); base != nil && xorIfWorth(s.xbuf[:], data, base) {
+		return s.xbuf[:]
 	}
 	return nil
 }

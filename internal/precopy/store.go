@@ -364,6 +364,7 @@ type finalBuilder struct {
 
 	// The image being written (nil between images).
 	w    *imageWriter
+	bufs [2][]byte // the writers' buffers, between images
 	name string
 	want uint32 // pages its begin record announced
 
@@ -423,6 +424,9 @@ func (b *finalBuilder) begin(r record) error {
 	b.name = filepath.Join(b.dir, fmt.Sprintf("pages-%d.img", r.addr))
 	perm := fs.FileMode(r.spid).Perm()
 	f, err := os.OpenFile(b.name, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: pages image %d sent twice", ErrCorrupt, r.addr)
+	}
 	if err != nil {
 		return err
 	}
@@ -430,7 +434,7 @@ func (b *finalBuilder) begin(r record) error {
 		f.Close()
 		return err
 	}
-	b.w, b.want = newImageWriter(f, b.hash), r.count
+	b.w, b.want = newImageWriter(f, b.hash, b.bufs), r.count
 	b.st.Images++
 	return nil
 }
@@ -441,7 +445,9 @@ func (b *finalBuilder) end(r record) error {
 	}
 	w := b.w
 	b.w = nil
-	if err := w.close(); err != nil {
+	err := w.close()
+	b.bufs = w.buffers()
+	if err != nil {
 		return err
 	}
 	b.st.DumpBytes += int64(w.pages) * PageSize
@@ -457,7 +463,7 @@ func (b *finalBuilder) end(r record) error {
 // pagesOf appends a page record's pages to the image being written and
 // marks the store's copy at their own address for release.
 func (b *finalBuilder) pagesOf(r record) error {
-	s, st, w := b.s, b.st, b.w
+	st, w := b.st, b.w
 	if uint64(w.pages)+uint64(r.count) > uint64(b.want) {
 		return fmt.Errorf("%w: %s gets more than its %d pages", ErrCorrupt, b.name, b.want)
 	}
@@ -469,43 +475,45 @@ func (b *finalBuilder) pagesOf(r record) error {
 	case recXor:
 		st.DataPages += int64(r.count)
 		st.XorPages += int64(r.count)
-		// Read the held pages straight into the image's buffer and
-		// apply the XOR there.
-		for off := 0; off < len(r.data); {
-			sp := w.space()
-			k := min(len(sp), len(r.data)-off)
-			if err := s.read(r.pid, r.addr+uint64(off), sp[:k]); err != nil {
-				return err
-			}
-			xorInto(sp[:k], r.data[off:off+k])
-			w.commit(k)
-			off += k
+		if err := b.fromStore(r.pid, r.addr, len(r.data), r.data); err != nil {
+			return err
 		}
 	case recZero:
 		st.ZeroPages += int64(r.count)
 		w.zeros(r.count)
-	case recHeld, recCopy:
-		pid, addr := r.pid, r.addr
-		if r.typ == recCopy {
-			pid, addr = r.spid, r.saddr
-			st.CopyPages += int64(r.count)
-		} else {
-			st.HeldPages += int64(r.count)
+	case recHeld:
+		st.HeldPages += int64(r.count)
+		if err := b.fromStore(r.pid, r.addr, int(r.count)*PageSize, nil); err != nil {
+			return err
 		}
-		// Read straight into the image's buffer.
-		n := uint64(r.count) * PageSize
-		for off := uint64(0); off < n; {
-			sp := w.space()
-			k := min(uint64(len(sp)), n-off)
-			if err := s.read(pid, addr+off, sp[:k]); err != nil {
-				return err
-			}
-			w.commit(int(k))
-			off += k
+	case recCopy:
+		st.CopyPages += int64(r.count)
+		if err := b.fromStore(r.spid, r.saddr, int(r.count)*PageSize, nil); err != nil {
+			return err
 		}
 	}
 	if r.pid != 0 {
 		return b.consume(r.pid, linux.MemRange{Start: r.addr, End: r.addr + uint64(r.count)*PageSize})
+	}
+	return nil
+}
+
+// fromStore appends the n bytes the store holds at (pid, addr) to the
+// image, read straight into the image's buffer and, with x (n bytes),
+// XORed with it there.
+func (b *finalBuilder) fromStore(pid uint32, addr uint64, n int, x []byte) error {
+	w := b.w
+	for off := 0; off < n; {
+		sp := w.space()
+		k := min(len(sp), n-off)
+		if err := b.s.read(pid, addr+uint64(off), sp[:k]); err != nil {
+			return err
+		}
+		if x != nil {
+			xorInto(sp[:k], x[off:off+k])
+		}
+		w.commit(k)
+		off += k
 	}
 	return nil
 }
@@ -556,6 +564,7 @@ func (b *finalBuilder) abandon() error {
 		return nil
 	}
 	err := b.w.close()
+	b.bufs = b.w.buffers()
 	b.w = nil
 	return err
 }
