@@ -8,11 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 
 	"golang.org/x/sys/unix"
 
+	"github.com/edgehop/edgehop/internal/testutil"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
 
@@ -370,4 +372,34 @@ func applyInPlace(root, delta string, keep []string) (bool, error) {
 		return false, err
 	}
 	return m.applyInPlace()
+}
+
+// TestListLayerWhileFilesComeAndGo: a service creating and removing files
+// in its layer while it is listed (a database's temporary files) never
+// fails the listing; what is listed exists or existed during the walk.
+func TestListLayerWhileFilesComeAndGo(t *testing.T) {
+	root := t.TempDir()
+	for i := range 50 {
+		if err := os.MkdirAll(filepath.Join(root, "d", strconv.Itoa(i)), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.Churn(t, func(i int) {
+		dir := filepath.Join(root, "d", strconv.Itoa(i%50))
+		p := filepath.Join(dir, "tmp")
+		_ = os.WriteFile(p, nil, 0o644)
+		_ = os.Remove(p)
+		// Whole directories come and go too.
+		_ = os.RemoveAll(dir)
+		_ = os.Mkdir(dir, 0o755)
+	})
+	for range 300 {
+		snap, err := listLayer(root)
+		if err != nil {
+			t.Fatalf("listing a layer whose files come and go: %v", err)
+		}
+		if _, ok := snap.entries["d"]; !ok {
+			t.Fatal("the listing lost a directory that stayed")
+		}
+	}
 }

@@ -89,6 +89,24 @@ func Eventually(tb testing.TB, timeout time.Duration, cond func() error) {
 	}
 }
 
+// Churn calls f(0), f(1), … on a goroutine of its own until tb ends: a
+// running service changing files while the test reads them.
+func Churn(tb testing.TB, f func(i int)) {
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			f(i)
+		}
+	}()
+	tb.Cleanup(func() { close(stop); <-done })
+}
+
 // Run runs a command and fails the test with its output on error.
 func Run(tb testing.TB, name string, args ...string) string {
 	tb.Helper()

@@ -14,6 +14,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/edgehop/edgehop/internal/testutil"
 )
 
 // streamConn is a net.Conn whose peer's bytes are fixed in advance
@@ -129,28 +131,17 @@ func FuzzRecvDir(f *testing.F) {
 // live mode, and what arrives is a consistent subset.
 func TestSendDirLive(t *testing.T) {
 	src := t.TempDir()
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			p := filepath.Join(src, "d", "f"+strings.Repeat("x", i%7))
-			_ = os.MkdirAll(filepath.Dir(p), 0o755)
-			_ = os.WriteFile(p, []byte("data"), 0o644)
-			_ = os.Link(p, p+"-link")
-			_ = os.Remove(p)
-			_ = os.Remove(p + "-link")
-			if i%50 == 0 {
-				_ = os.RemoveAll(filepath.Join(src, "d"))
-			}
+	testutil.Churn(t, func(i int) {
+		p := filepath.Join(src, "d", "f"+strings.Repeat("x", i%7))
+		_ = os.MkdirAll(filepath.Dir(p), 0o755)
+		_ = os.WriteFile(p, []byte("data"), 0o644)
+		_ = os.Link(p, p+"-link")
+		_ = os.Remove(p)
+		_ = os.Remove(p + "-link")
+		if i%50 == 0 {
+			_ = os.RemoveAll(filepath.Join(src, "d"))
 		}
-	}()
-	defer func() { close(stop); <-done }()
+	})
 	for i := 0; i < 200; i++ {
 		sc := &streamConn{r: bytes.NewReader(nil)}
 		if _, err := NewConn(sc).SendDir(context.Background(), src, SendOptions{Overlay: true, Live: true}); err != nil {
