@@ -394,11 +394,8 @@ func (r *finalReader) page(loc pageLoc, h uint64, data []byte) {
 		r.enc.page(recCopy, loc.pid, loc.addr, src.pid, src.addr, nil)
 	default:
 		st.DataPages++
-		if x := s.xorOf(loc, held, ok && loc.pid != 0, data); x != nil {
+		if s.encodeData(&r.enc, loc, held, ok, data) {
 			st.XorPages++
-			r.enc.xor(loc.pid, loc.addr, x)
-		} else {
-			r.enc.page(recData, loc.pid, loc.addr, 0, 0, data)
 		}
 	}
 	// The destination releases what it held at the page's own address.

@@ -101,7 +101,7 @@ type Source struct {
 	err error
 
 	buf    []byte
-	xbuf   [PageSize]byte // xorOf's result
+	xbuf   [PageSize]byte // encodeData's XOR
 	ranges []linux.MemRange
 }
 
@@ -449,11 +449,8 @@ func (r *roundReader) page(addr uint64, data []byte) {
 		s.shadow.share(self, src, h)
 	default:
 		r.st.DataPages++
-		if x := s.xorOf(self, old, held, data); x != nil {
+		if s.encodeData(&r.enc, self, old, held, data) {
 			r.st.XorPages++
-			r.enc.xor(nspid, addr, x)
-		} else {
-			r.enc.page(recData, nspid, addr, 0, 0, data)
 		}
 		s.index[h] = self
 		s.shadow.put(self, h, data, r.st.Round > 1)
@@ -461,15 +458,17 @@ func (r *roundReader) page(addr uint64, data []byte) {
 	m[addr/PageSize] = h
 }
 
-// xorOf returns data's XOR with the page the destination holds at loc
-// (hashed old, if held) when that is better sent than data
-// (xorIfWorth), or nil. The XOR is valid until the next call.
-func (s *Source) xorOf(loc pageLoc, old uint64, held bool, data []byte) []byte {
-	if !held {
-		return nil
+// encodeData encodes data, a page that changed at loc (pid 0: a page
+// without an address), as its XOR with the page the destination holds
+// there (hashed old, if held) when that is better sent (xorIfWorth), as
+// data otherwise; it reports whether it went as an XOR.
+func (s *Source) encodeData(enc *encoder, loc pageLoc, old uint64, held bool, data []byte) bool {
+	if held && loc.pid != 0 {
+		if base := s.shadow.get(loc, old); base != nil && xorIfWorth(s.xbuf[:], data, base) {
+			enc.xor(loc.pid, loc.addr, s.xbuf[:])
+			return true
+		}
 	}
-	if base := s.shadow.get(loc, old); base != nil && xorIfWorth(s.xbuf[:], data, base) {
-		return s.xbuf[:]
-	}
-	return nil
+	enc.page(recData, loc.pid, loc.addr, 0, 0, data)
+	return false
 }
