@@ -111,7 +111,11 @@ func imageList(args []string) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tDIGEST\tPLATFORM\tLAYERS\tSIZE\tCREATED")
 	for _, i := range infos {
-		fmt.Fprintf(tw, "%s\t%.19s\t%s\t%d\t%s\t%s\n", i.Name, i.Digest, i.Platform, i.Layers, humanBytes(i.Size), i.Created.Format(time.DateTime))
+		created := "-" // the config does not say
+		if !i.Created.IsZero() {
+			created = i.Created.Format(time.DateTime)
+		}
+		fmt.Fprintf(tw, "%s\t%.19s\t%s\t%d\t%s\t%s\n", i.Name, i.Digest, i.Platform, i.Layers, humanBytes(i.Size), created)
 	}
 	return tw.Flush()
 }
