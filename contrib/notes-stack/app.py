@@ -13,6 +13,8 @@ for i in range(60):
     except psycopg2.OperationalError as e:
         print("waiting for the database:", e, file=sys.stderr, flush=True)
         time.sleep(1)
+else:
+    sys.exit("database at %s unreachable for 60 s" % host)
 c = pool.getconn()
 with c, c.cursor() as cur:
     cur.execute("create table if not exists notes (id serial primary key, body text not null)")

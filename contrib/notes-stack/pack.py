@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-# pack.py ROOTFS OUT.tar : a docker-save tarball holding two images (pgdb,
-# notes) over one layer made of ROOTFS.
+# pack.py ROOTFS OUT : two docker-save tarballs, OUT with "IMG" replaced by
+# each image's name (pgdb, notes), over one layer made of ROOTFS.
 import hashlib, io, json, os, subprocess, sys, tarfile, tempfile
 rootfs, out = sys.argv[1], sys.argv[2]
 tmp = tempfile.mkdtemp(dir="/tmp")
