@@ -36,7 +36,7 @@
 // netOwner and joined), whose migration makes the namespace, link and
 // Holder on the destination. On the source the first member to freeze
 // (unit.takePodNetwork) does the network's part for all: hold of new
-// connections, traffic handover (FreezeNotice.PodNetwork), link down,
+// connections, traffic handover (FreezeNotice.PodNetwork), the frozen hold,
 // and from then on a hold of the pod's loopback (netplane.HoldLoopback,
 // ended by the last member's migration: unit.memberDone);
 // the destination's Holder holds loopback too (netplane.HoldPod), so no
@@ -52,9 +52,10 @@
 // configuration (`org.criu.config`) with `network-lock skip`: with iptables-
 // nft each CRIU lock or unlock is an `iptables-restore` run of 10–15 ms, and
 // a restore with one TCP connection ran eight of them inside the frozen
-// window. Instead A takes S's node-side veth down at the freeze (nothing
-// reaches the frozen sockets, and no reset leaves once the dumped tasks are
-// gone; a rollback restores into the same namespace and brings it up), and
+// window. Instead A holds what arrives for S from the freeze on (below:
+// nothing reaches the frozen sockets, and no reset leaves once the dumped
+// tasks are gone; a rollback restores into the same namespace and lets it
+// in), and
 // B's holder keeps packets from the restored sockets until CRIU is done.
 // Three more things leave the frozen window: A freezes the cgroup itself
 // (not `runc pause`), thawing and refreezing for a moment when a task was
@@ -142,19 +143,27 @@
 // entering S's namespace (netplane.HoldNew) and waits, the service still
 // running, until no connection is in its handshake or an accept queue
 // (as long as their number goes down, up to 30 s: a loaded web server
-// drains its queue at its own pace; 250 ms without progress); one queued
+// drains its queue at its own pace; 1 s without progress); one queued
 // at the freeze thaws the service until it
 // has accepted it. At the commit A forwards the held requests to B
 // through the overlay (whole frames on its VXLAN device, with checksums
 // the kernel completed), where B holds them with the rest until the
-// restore; after a rollback they are let in on A. For a service that
-// accepted connections since the migration began (its namespace's
-// PassiveOpens counter) or whose requests are held, A takes S's link
-// down only once B says the gateways send it the traffic (told first,
-// then A; the freeze notice asks for that order): packets arriving in
-// between were lost, and a client whose connection request was among
-// them waited for its retransmission (1 s). A service that accepts none
-// does not wait.
+// restore; after a rollback they are let in on A.
+//
+// At the freeze A does not take S's link down: a hold it set up while S
+// still ran (netplane.HoldFrozen: its rules cost an iptables run, which
+// stays out of the window) is armed, so every other packet entering S's
+// namespace is held, with its contents kept, and what S's frozen sockets
+// send is dropped: nothing reaches them, and no reset leaves once the
+// dumped tasks are gone, as with the link down. At the commit A takes the
+// link down and forwards what the hold kept to B with the connection
+// requests. The packets that reach A between the freeze and B's switch of
+// the gateways (a round trip or two over the node link) are so neither
+// lost nor waited for: before, A waited, frozen, up to 100 ms for B's word
+// of the switch before taking the link down, else a client whose request
+// was among them waited for its retransmission (1 s). If the hold cannot
+// be set up, A does that still (a service that accepted no connection
+// does not wait).
 //
 // CRIU tars every tmpfs of the container on dump and untars it on restore
 // (3–5 ms each per side). The same configuration marks the masked

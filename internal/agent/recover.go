@@ -137,13 +137,20 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 		// journal said so.
 		c = &container{meta: meta{Name: rec.Container}}
 	}
-	// The dead agent may have left its hold of new connections in the
-	// service's namespace: without its queue, the kernel would drop
-	// every connection request.
+	// The dead agent may have left its holds in the service's namespace:
+	// without their queue, the kernel would drop every packet they take.
+	// A frozen service's link goes down first: the packets its hold kept
+	// from the frozen sockets must not reach them, nor the dumped tasks'
+	// absence (a reset). Every way back to serving here brings it up.
+	frozen := rec.Phase == migration.Frozen || rec.Phase == migration.Transferred
+	if frozen {
+		if err := a.plane.SetHostLink(c.meta.netOwner(), false); err != nil {
+			a.log.Warn("take the frozen service's link down", "container", rec.Container, "err", err)
+		}
+	}
 	if err := netplane.Unhold(a.nsPath(c.meta.netOwner())); err != nil {
 		a.log.Warn("remove hold rules", "container", rec.Container, "err", err)
 	}
-	frozen := rec.Phase == migration.Frozen || rec.Phase == migration.Transferred
 	if frozen {
 		// A dump the dead agent started may still run (its runc outlives
 		// it): a lazy one is made to fail, so CRIU resumes the service;

@@ -120,7 +120,7 @@ func TestNewConnectionsWaitDuringMigration(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			t.Logf("%s -> %s: downtime %.1f ms, %d connection requests forwarded", strategy, to, res.DowntimeMs, res.ForwardedConnections)
+			t.Logf("%s -> %s: downtime %.1f ms, %d connection requests and %d other packets forwarded", strategy, to, res.DowntimeMs, res.ForwardedConnections, res.ForwardedPackets)
 		}
 	}
 	cancel()

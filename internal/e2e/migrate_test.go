@@ -44,8 +44,11 @@ type migResult struct {
 	BytesOnWire int64              `json:"bytes_on_wire"`
 	// ForwardedConnections: connection requests held by the source and
 	// forwarded to the destination.
-	ForwardedConnections int       `json:"forwarded_connections"`
-	Started              time.Time `json:"started"`
+	ForwardedConnections int `json:"forwarded_connections"`
+	// ForwardedPackets: the other packets the source held from the
+	// freeze on and forwarded.
+	ForwardedPackets int       `json:"forwarded_packets"`
+	Started          time.Time `json:"started"`
 }
 
 // liveClient keeps one probe connection busy (a request every period) and

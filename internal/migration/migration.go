@@ -160,8 +160,12 @@ type Result struct {
 	HeldPackets  int                `json:"held_packets"` // client packets held during the downtime and delivered after restore
 	// ForwardedConnections counts the connection requests the source held
 	// from just before the freeze and forwarded to the destination.
-	ForwardedConnections int   `json:"forwarded_connections,omitempty"`
-	StateBytes           int64 `json:"state_bytes"` // payload: images + writable layer
+	ForwardedConnections int `json:"forwarded_connections,omitempty"`
+	// ForwardedPackets counts the other packets for the service that
+	// reached the source while it was frozen, held there and forwarded
+	// (netplane.HoldFrozen).
+	ForwardedPackets int   `json:"forwarded_packets,omitempty"`
+	StateBytes       int64 `json:"state_bytes"` // payload: images + writable layer
 	// LayerPatched counts the writable layer's files that crossed in the
 	// frozen window as their blocks changed since the live copy,
 	// LayerPatchBytes those blocks' bytes.
@@ -209,6 +213,7 @@ func UnitResult(members []Result) Result {
 		res.StateBytes += r.StateBytes
 		res.HeldPackets += r.HeldPackets
 		res.ForwardedConnections += r.ForwardedConnections
+		res.ForwardedPackets += r.ForwardedPackets
 		if res.Outcome == "" || (!r.OK && res.OK) {
 			res.Outcome = r.Outcome
 		}

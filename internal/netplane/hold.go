@@ -22,9 +22,10 @@ import (
 // container's namespace (queue numbers are per namespace): the
 // destination's Holder, and the source's hold of new connections.
 const (
-	holdQueue = 0
-	synQueue  = 1
-	loopQueue = 2
+	holdQueue   = 0
+	synQueue    = 1
+	loopQueue   = 2
+	frozenQueue = 3
 )
 
 // Holder keeps every packet that arrives for a migrating service in the
@@ -42,10 +43,19 @@ type Holder struct {
 	nf     *nfqueue.Nfqueue
 	cancel context.CancelFunc
 
-	mu   sync.Mutex // guards ids, kept and done
-	ids  []uint32   // held packets in arrival order
-	kept []Packet   // with keep: their contents
-	done bool
+	// exempt: sources whose packets pass until Arm (HoldNew).
+	exempt []netip.Addr
+	// pass: every packet passes until Arm (HoldFrozen).
+	pass bool
+	// dropOut: once armed, what the namespace sends is dropped, not held.
+	dropOut bool
+
+	mu       sync.Mutex // guards ids, kept, armed, done and dropping
+	ids      []uint32   // held packets in arrival order
+	kept     []Packet   // with keep: their contents
+	armed    bool
+	done     bool
+	dropping bool // after Drop: late packets are dropped, not let through
 }
 
 // Packet is a held IPv4 packet and the MAC of the host that sent it.
@@ -59,7 +69,7 @@ type Packet struct {
 // PREROUTING and OUTPUT, before CRIU's lock chain in filter INPUT, so held
 // packets meet the chain only if released while it is still there.
 func Hold(nsPath string) (*Holder, error) {
-	return hold(nsPath, holdQueue, holdRules, false, nil)
+	return hold(&Holder{ns: nsPath, rules: holdRules}, holdQueue)
 }
 
 // HoldPod is Hold for a pod's namespace, which holds what its members
@@ -67,14 +77,14 @@ func Hold(nsPath string) (*Holder, error) {
 // not reach the other's sockets before they exist (a reset), nor be
 // answered by a member whose own connections are still held.
 func HoldPod(nsPath string) (*Holder, error) {
-	return hold(nsPath, holdQueue, append(slices.Clone(holdRules), podRule), false, nil)
+	return hold(&Holder{ns: nsPath, rules: append(slices.Clone(holdRules), podRule)}, holdQueue)
 }
 
 // HoldLoopback holds what a pod's members send each other on loopback,
 // and only that: the source of a migrating pod, from the freeze of its
 // first member on, while the others still run or are being dumped.
 func HoldLoopback(nsPath string) (*Holder, error) {
-	return hold(nsPath, loopQueue, loopRules, false, nil)
+	return hold(&Holder{ns: nsPath, rules: loopRules}, loopQueue)
 }
 
 // HoldNew starts holding the connection requests (TCP SYNs) that enter
@@ -87,18 +97,43 @@ func HoldLoopback(nsPath string) (*Holder, error) {
 //
 // Requests from the addresses in exempt (the other members of a group
 // moving with the service, which freeze after it or before it in their
-// own order) are let in at once.
+// own order) are let in at once, until Arm.
 func HoldNew(nsPath string, exempt ...netip.Addr) (*Holder, error) {
-	return hold(nsPath, synQueue, synRules, true, exempt)
+	return hold(&Holder{ns: nsPath, rules: synRules, keep: true, exempt: exempt}, synQueue)
 }
 
-func hold(nsPath string, queue uint16, rules []string, keep bool, exempt []netip.Addr) (*Holder, error) {
-	ns, err := linux.OpenNetNS(nsPath)
+// HoldFrozen prepares the source's hold of a frozen service's traffic in
+// the namespace at nsPath, in place of taking its link down. Until Arm,
+// every packet passes (through the queue: its rules are in place before
+// the freeze, so that arming costs no iptables run in the frozen window).
+// Armed, it holds every packet entering on eth0 but the connection
+// requests HoldNew's rule takes first, and keeps its contents: no packet
+// reaches the frozen sockets, so the dump takes their state as of the
+// freeze, and none meets the dumped tasks' absence and draws a reset. Once
+// the service lives elsewhere, Kept gives them to forward there, where
+// they are held until its restore (a client's data is answered then, not
+// after its next, backed-off retransmission); if it stays, Close lets them
+// in. What the namespace sends out of eth0 is dropped once armed (the
+// frozen sockets' timers; TCP sends it again).
+func HoldFrozen(nsPath string) (*Holder, error) {
+	return hold(&Holder{ns: nsPath, rules: frozenRules, keep: true, pass: true, dropOut: true}, frozenQueue)
+}
+
+// Arm starts holding what a HoldFrozen's holder let pass, and the
+// packets from a HoldNew's exempt sources.
+func (h *Holder) Arm() {
+	h.mu.Lock()
+	h.armed = true
+	h.mu.Unlock()
+}
+
+func hold(h *Holder, queue uint16) (*Holder, error) {
+	ns, err := linux.OpenNetNS(h.ns)
 	if err != nil {
 		return nil, err
 	}
 	defer ns.Close()
-	h := &Holder{ns: nsPath, rules: rules, keep: keep}
+	nsPath, keep := h.ns, h.keep
 	copyMode, flags := uint8(nfqueue.NfQnlCopyMeta), uint32(nfqueue.NfQaCfgFlagGSO)
 	if keep {
 		// Whole packets, with their checksums completed by the kernel
@@ -124,18 +159,24 @@ func hold(nsPath string, queue uint16, rules []string, keep bool, exempt []netip
 		if a.PacketID == nil {
 			return 0
 		}
-		if len(exempt) > 0 && a.Payload != nil && slices.Contains(exempt, ipv4Source(*a.Payload)) {
-			_ = h.nf.SetVerdict(*a.PacketID, nfqueue.NfAccept)
-			return 0
-		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if h.done {
+		switch {
+		case h.dropping:
+			_ = h.nf.SetVerdict(*a.PacketID, nfqueue.NfDrop)
+			return 0
+		case h.done:
+			_ = h.nf.SetVerdict(*a.PacketID, nfqueue.NfAccept)
+			return 0
+		case h.armed && h.dropOut && outgoing(a):
+			_ = h.nf.SetVerdict(*a.PacketID, nfqueue.NfDrop)
+			return 0
+		case !h.armed && (h.pass || len(h.exempt) > 0 && a.Payload != nil && slices.Contains(h.exempt, ipv4Source(*a.Payload))):
 			_ = h.nf.SetVerdict(*a.PacketID, nfqueue.NfAccept)
 			return 0
 		}
 		h.ids = append(h.ids, *a.PacketID)
-		if h.keep && a.Payload != nil && a.HwAddr != nil && len(*a.HwAddr) == 6 {
+		if h.keep && !outgoing(a) && a.Payload != nil && a.HwAddr != nil && len(*a.HwAddr) == 6 {
 			h.kept = append(h.kept, Packet{From: append(net.HardwareAddr(nil), *a.HwAddr...), IP: append([]byte(nil), *a.Payload...)})
 		}
 		return 0
@@ -149,7 +190,7 @@ func hold(nsPath string, queue uint16, rules []string, keep bool, exempt []netip
 		cancel()
 		return nil, errors.Join(fmt.Errorf("hold: register: %w", err), h.nf.Close())
 	}
-	if err := holdRule(nsPath, "-A", rules); err != nil {
+	if err := holdRule(nsPath, "-A", h.rules); err != nil {
 		cancel()
 		return nil, errors.Join(err, h.nf.Close())
 	}
@@ -177,6 +218,19 @@ var loopRules = []string{"OUTPUT -o lo -j NFQUEUE --queue-num " + fmt.Sprint(loo
 // synRules are HoldNew's: connection requests entering on eth0.
 var synRules = []string{
 	"PREROUTING -i eth0 -p tcp --syn -j NFQUEUE --queue-num " + fmt.Sprint(synQueue),
+}
+
+// frozenRules are HoldFrozen's: every packet entering on eth0 (after
+// synRules: a connection request HoldNew holds or lets in does not reach
+// them) and every packet the namespace sends out of it.
+var frozenRules = []string{
+	"PREROUTING -i eth0 -j NFQUEUE --queue-num " + fmt.Sprint(frozenQueue),
+	"OUTPUT -o eth0 -j NFQUEUE --queue-num " + fmt.Sprint(frozenQueue),
+}
+
+// outgoing says whether a queued packet is one the namespace sends.
+func outgoing(a nfqueue.Attribute) bool {
+	return a.OutDev != nil && *a.OutDev != 0 && (a.InDev == nil || *a.InDev == 0)
 }
 
 // ipv4Source is an IPv4 packet's source address (the zero Addr for
@@ -221,7 +275,7 @@ func iptablesRestore(nsPath, table string, lines []string) error {
 // are not an error.
 func Unhold(nsPath string) error {
 	var errs []error
-	for _, r := range slices.Concat(holdRules, []string{podRule}, synRules, loopRules) {
+	for _, r := range slices.Concat(holdRules, []string{podRule}, synRules, loopRules, frozenRules) {
 		chain, spec, _ := strings.Cut(r, " ")
 		rule := func(op string) []string {
 			return append([]string{"-w", "-t", "mangle", op, chain}, strings.Fields(spec)...)
@@ -286,10 +340,11 @@ func (h *Holder) Kept() []Packet {
 	return append([]Packet(nil), h.kept...)
 }
 
-// Drop discards the held packets and stops.
+// Drop discards the held packets and stops; a packet that arrives before
+// its rule is gone is dropped too.
 func (h *Holder) Drop() error {
 	h.mu.Lock()
-	h.done = true
+	h.done, h.dropping = true, true
 	for _, id := range h.ids {
 		_ = h.nf.SetVerdict(id, nfqueue.NfDrop)
 	}

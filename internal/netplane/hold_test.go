@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,16 +112,7 @@ func TestHolder(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newHoldPair(t)
-			h, err := Hold(p.svcNS)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ended := false
-			t.Cleanup(func() {
-				if !ended {
-					_ = h.Drop()
-				}
-			})
+			h, ended := startHold(t, Hold, p.svcNS)
 			if !holdRulePresent(p.svcNS) {
 				t.Fatal("hold rule missing while holding")
 			}
@@ -164,7 +157,7 @@ func TestHolder(t *testing.T) {
 			} else if err := h.Drop(); err != nil {
 				t.Fatalf("Drop: %v", err)
 			}
-			ended = true
+			*ended = true
 			if holdRulePresent(p.svcNS) {
 				t.Fatal("hold rule left behind")
 			}
@@ -251,4 +244,144 @@ func TestHolderDiesDropping(t *testing.T) {
 	if got, err := p.recv(2 * time.Second); err != nil || got != "open" {
 		t.Fatalf("after Unhold read %q (err %v), want \"open\"", got, err)
 	}
+}
+
+// TestHoldFrozen: before Arm every packet passes both ways; armed, what
+// enters is held with its contents kept (the sender's MAC and the whole
+// IP packet, to forward), what the namespace sends is dropped, not held;
+// Close lets the held packets in, in order, and Drop discards them; either
+// leaves the path open and no rule behind, as does Unhold after a holder
+// that died.
+func TestHoldFrozen(t *testing.T) {
+	for _, end := range []string{"close", "drop", "died"} {
+		t.Run(end, func(t *testing.T) {
+			p := newHoldPair(t)
+			h, ended := startHold(t, HoldFrozen, p.svcNS)
+			back := &net.UDPAddr{IP: net.IPv4(10, 232, 0, 1), Port: p.client.LocalAddr().(*net.UDPAddr).Port}
+			buf := make([]byte, 64)
+			clientRead := func(d time.Duration) (string, error) {
+				_ = p.client.SetReadDeadline(time.Now().Add(d))
+				n, _, err := p.client.ReadFromUDP(buf)
+				return string(buf[:n]), err
+			}
+			p.send(t, "unarmed")
+			if got, err := p.recv(2 * time.Second); err != nil || got != "unarmed" {
+				t.Fatalf("before Arm the service read %q (err %v)", got, err)
+			}
+			if _, err := p.server.WriteToUDP([]byte("unarmed-reply"), back); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := clientRead(2 * time.Second); err != nil || got != "unarmed-reply" {
+				t.Fatalf("before Arm the client read %q (err %v)", got, err)
+			}
+			if h.Held() != 0 {
+				t.Fatalf("held %d before Arm", h.Held())
+			}
+			h.Arm()
+			sent := []string{"frozen-0", "frozen-1", "frozen-2"}
+			for _, m := range sent {
+				p.send(t, m)
+			}
+			testutil.Eventually(t, 5*time.Second, func() error {
+				if n := h.Held(); n != len(sent) {
+					return fmt.Errorf("held %d of %d", n, len(sent))
+				}
+				return nil
+			})
+			if got, err := p.recv(50 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("armed, the service read %q (err %v)", got, err)
+			}
+			if _, err := p.server.WriteToUDP([]byte("frozen-reply"), back); err != nil {
+				t.Fatal(err)
+			}
+			if got, err := clientRead(100 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+				t.Fatalf("armed, the client read %q from the service (err %v)", got, err)
+			}
+			if n := h.Held(); n != len(sent) {
+				t.Fatalf("held %d after the service sent: its packet is to be dropped, not held", n)
+			}
+			kept := h.Kept()
+			if len(kept) != len(sent) {
+				t.Fatalf("kept %d packets, want %d", len(kept), len(sent))
+			}
+			cl := linkMAC(t, p.cliNS, "cl0")
+			for i, pk := range kept {
+				if pk.From.String() != cl.String() || !strings.HasSuffix(string(pk.IP), sent[i]) || ipv4Source(pk.IP) != netip.MustParseAddr("10.232.0.1") {
+					t.Fatalf("kept packet %d: from %v, %d bytes ending %q; want from %v with %q", i, pk.From, len(pk.IP), pk.IP[max(0, len(pk.IP)-8):], cl, sent[i])
+				}
+			}
+			switch end {
+			case "close":
+				if err := h.Close(); err != nil {
+					t.Fatal(err)
+				}
+				for _, want := range sent {
+					if got, err := p.recv(2 * time.Second); err != nil || got != want {
+						t.Fatalf("after Close read %q (err %v), want %q", got, err, want)
+					}
+				}
+			case "drop":
+				if err := h.Drop(); err != nil {
+					t.Fatal(err)
+				}
+			case "died":
+				h.cancel()
+				if err := h.nf.Close(); err != nil {
+					t.Fatal(err)
+				}
+				p.send(t, "orphan")
+				if got, err := p.recv(200 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("without a listener the service read %q (err %v)", got, err)
+				}
+				if err := Unhold(p.svcNS); err != nil {
+					t.Fatal(err)
+				}
+			}
+			*ended = true
+			if frozenRulePresent(p.svcNS) {
+				t.Fatal("frozen hold's rules left behind")
+			}
+			p.send(t, "after")
+			if got, err := p.recv(2 * time.Second); err != nil || got != "after" {
+				t.Fatalf("after the end read %q (err %v), want \"after\"", got, err)
+			}
+		})
+	}
+}
+
+func frozenRulePresent(ns string) bool {
+	chain, spec, _ := strings.Cut(frozenRules[0], " ")
+	args := append([]string{"-w", "-t", "mangle", "-C", chain}, strings.Fields(spec)...)
+	return linux.Command(ns, "iptables", args...).Run() == nil
+}
+
+func linkMAC(t *testing.T, ns, name string) net.HardwareAddr {
+	t.Helper()
+	h, err := linux.Handle(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l.Attrs().HardwareAddr
+}
+
+// startHold starts a holder in ns; the test's cleanup drops it unless
+// the test set *ended (it ended the holder itself).
+func startHold(t *testing.T, start func(string) (*Holder, error), ns string) (*Holder, *bool) {
+	t.Helper()
+	h, err := start(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := new(bool)
+	t.Cleanup(func() {
+		if !*ended {
+			_ = h.Drop()
+		}
+	})
+	return h, ended
 }
