@@ -251,8 +251,11 @@ func (r record) check() error {
 	if r.pid != 0 && (r.addr%PageSize != 0 || r.addr >= maxAddr || maxAddr-r.addr < span) {
 		return bad("address outside the store")
 	}
-	if (r.typ == recHeld || r.typ == recXor) && r.pid == 0 {
+	if r.typ == recHeld && r.pid == 0 {
 		return bad("held pages without an address")
+	}
+	if r.typ == recXor && r.pid == 0 {
+		return bad("XOR pages without an address (nothing held to apply them to)")
 	}
 	if r.typ == recCopy && (r.spid == 0 || r.saddr%PageSize != 0 || r.saddr >= maxAddr || maxAddr-r.saddr < span) {
 		return bad("copy source outside the store")

@@ -168,6 +168,8 @@ func TestRecordCheck(t *testing.T) {
 		{record{typ: recZero, count: 2, pid: 1, addr: maxAddr - PageSize}, false},
 		{record{typ: recZero, count: 1, pid: 1, addr: maxAddr - PageSize}, true},
 		{record{typ: recHeld, count: 1, pid: 0, addr: 0}, false},
+		{record{typ: recXor, count: 1, pid: 0, addr: 0}, false},
+		{record{typ: recXor, count: 1, pid: 1, addr: 0x1000}, true},
 		{record{typ: recData, count: 1, pid: 0, addr: 0}, true},
 		{record{typ: recCopy, count: 1, pid: 1, addr: 0x1000, spid: 0, saddr: 0x2000}, false},
 		{record{typ: recCopy, count: 1, pid: 1, addr: 0x1000, spid: 2, saddr: 0x2008}, false},
