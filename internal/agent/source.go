@@ -766,11 +766,19 @@ func (o *outgoing) prepareFrozenHold() {
 		return
 	}
 	o.frozenHold = h
+	o.releaseAtCleanup(h, "let the traffic held at the freeze in")
+}
+
+// releaseAtCleanup ends a hold of the service's traffic with the
+// migration: a committed one drops what is left (forwarded to the
+// destination since the commit, the link down), one that failed lets it
+// in to the service resumed here.
+func (o *outgoing) releaseAtCleanup(h *netplane.Holder, what string) {
 	o.cleanup = append(o.cleanup, func() {
 		if o.res.OK {
-			_ = h.Drop() // the link is down since the commit
+			_ = h.Drop()
 		} else if err := h.Close(); err != nil {
-			a.log.Warn("let the traffic held at the freeze in", "container", name, "err", err)
+			o.a.log.Warn(what, "container", o.rec.Container, "err", err)
 		}
 	})
 }
@@ -811,13 +819,7 @@ func (o *outgoing) holdNewConnections() {
 		return
 	}
 	o.synHold = h
-	o.cleanup = append(o.cleanup, func() {
-		if o.res.OK {
-			_ = h.Drop()
-		} else if err := h.Close(); err != nil {
-			a.log.Warn("let held connection requests in", "container", name, "err", err)
-		}
-	})
+	o.releaseAtCleanup(h, "let held connection requests in")
 	if hs, q, err := netplane.WaitSettled(ns, pendingStall, pendingWait, true); err == nil && hs+q > 0 {
 		a.log.Info("connections still pending at the freeze", "container", name, "handshaking", hs, "queued", q)
 	}

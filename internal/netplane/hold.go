@@ -291,8 +291,12 @@ func Unhold(nsPath string) error {
 }
 
 // Holding reports whether hold rules are present in the namespace.
-func Holding(nsPath string) bool {
-	chain, spec, _ := strings.Cut(holdRules[0], " ")
+func Holding(nsPath string) bool { return rulePresent(nsPath, holdRules[0]) }
+
+// rulePresent reports whether a hold rule ("CHAIN spec…") is in the
+// namespace's mangle table.
+func rulePresent(nsPath, rule string) bool {
+	chain, spec, _ := strings.Cut(rule, " ")
 	args := append([]string{"-w", "-t", "mangle", "-C", chain}, strings.Fields(spec)...)
 	return linux.Command(nsPath, "iptables", args...).Run() == nil
 }

@@ -349,11 +349,7 @@ func TestHoldFrozen(t *testing.T) {
 	}
 }
 
-func frozenRulePresent(ns string) bool {
-	chain, spec, _ := strings.Cut(frozenRules[0], " ")
-	args := append([]string{"-w", "-t", "mangle", "-C", chain}, strings.Fields(spec)...)
-	return linux.Command(ns, "iptables", args...).Run() == nil
-}
+func frozenRulePresent(ns string) bool { return rulePresent(ns, frozenRules[0]) }
 
 func linkMAC(t *testing.T, ns, name string) net.HardwareAddr {
 	t.Helper()

@@ -3,7 +3,6 @@ package netplane
 import (
 	"net"
 	"net/netip"
-	"strings"
 	"testing"
 	"time"
 
@@ -128,11 +127,7 @@ func TestHoldNewAndPending(t *testing.T) {
 	}
 }
 
-func synHolding(ns string) bool {
-	_, spec, _ := strings.Cut(synRules[0], " ")
-	args := append([]string{"-w", "-t", "mangle", "-C", "PREROUTING"}, strings.Fields(spec)...)
-	return linux.Command(ns, "iptables", args...).Run() == nil
-}
+func synHolding(ns string) bool { return rulePresent(ns, synRules[0]) }
 
 // tcpChecksumOK verifies an IPv4 TCP packet's checksum.
 func tcpChecksumOK(ip []byte) bool {
