@@ -276,14 +276,10 @@ func iptablesRestore(nsPath, table string, lines []string) error {
 func Unhold(nsPath string) error {
 	var errs []error
 	for _, r := range slices.Concat(holdRules, []string{podRule}, synRules, loopRules, frozenRules) {
-		chain, spec, _ := strings.Cut(r, " ")
-		rule := func(op string) []string {
-			return append([]string{"-w", "-t", "mangle", op, chain}, strings.Fields(spec)...)
+		if !rulePresent(nsPath, r) {
+			continue
 		}
-		if linux.Command(nsPath, "iptables", rule("-C")...).Run() != nil {
-			continue // not there
-		}
-		if out, err := linux.Command(nsPath, "iptables", rule("-D")...).CombinedOutput(); err != nil {
+		if out, err := linux.Command(nsPath, "iptables", ruleArgs("-D", r)...).CombinedOutput(); err != nil {
 			errs = append(errs, fmt.Errorf("remove hold rule %q: %v: %s", r, err, bytes.TrimSpace(out)))
 		}
 	}
@@ -296,9 +292,13 @@ func Holding(nsPath string) bool { return rulePresent(nsPath, holdRules[0]) }
 // rulePresent reports whether a hold rule ("CHAIN spec…") is in the
 // namespace's mangle table.
 func rulePresent(nsPath, rule string) bool {
+	return linux.Command(nsPath, "iptables", ruleArgs("-C", rule)...).Run() == nil
+}
+
+// ruleArgs are iptables' arguments applying op (-C, -D) to a hold rule.
+func ruleArgs(op, rule string) []string {
 	chain, spec, _ := strings.Cut(rule, " ")
-	args := append([]string{"-w", "-t", "mangle", "-C", chain}, strings.Fields(spec)...)
-	return linux.Command(nsPath, "iptables", args...).Run() == nil
+	return append([]string{"-w", "-t", "mangle", op, chain}, strings.Fields(spec)...)
 }
 
 // Held is the number of packets held so far.

@@ -219,17 +219,9 @@ func TestHolderDiesDropping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// What the kernel sees when the agent dies: the queue's listener goes.
-	h.cancel()
-	if err := h.nf.Close(); err != nil {
-		t.Fatal(err)
-	}
+	p.listenerDies(t, h)
 	if !Holding(p.svcNS) {
 		t.Fatal("rules gone with the listener")
-	}
-	p.send(t, "orphan")
-	if got, err := p.recv(200 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
-		t.Fatalf("without a listener the service read %q (err %v); want the packet dropped", got, err)
 	}
 	if err := Unhold(p.svcNS); err != nil {
 		t.Fatal(err)
@@ -325,14 +317,7 @@ func TestHoldFrozen(t *testing.T) {
 					t.Fatal(err)
 				}
 			case "died":
-				h.cancel()
-				if err := h.nf.Close(); err != nil {
-					t.Fatal(err)
-				}
-				p.send(t, "orphan")
-				if got, err := p.recv(200 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
-					t.Fatalf("without a listener the service read %q (err %v)", got, err)
-				}
+				p.listenerDies(t, h)
 				if err := Unhold(p.svcNS); err != nil {
 					t.Fatal(err)
 				}
@@ -346,6 +331,20 @@ func TestHoldFrozen(t *testing.T) {
 				t.Fatalf("after the end read %q (err %v), want \"after\"", got, err)
 			}
 		})
+	}
+}
+
+// listenerDies does to h what the kernel sees when its agent dies: the
+// queue's listener goes. The rules stay and drop the service's packets.
+func (p *holdPair) listenerDies(t *testing.T, h *Holder) {
+	t.Helper()
+	h.cancel()
+	if err := h.nf.Close(); err != nil {
+		t.Fatal(err)
+	}
+	p.send(t, "orphan")
+	if got, err := p.recv(200 * time.Millisecond); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("without a listener the service read %q (err %v); want the packet dropped", got, err)
 	}
 }
 
