@@ -688,8 +688,11 @@ func (o *outgoing) freeze() error {
 	// A service that accepts connections and whose traffic cannot be
 	// held waits, frozen, for the network switch before its link goes
 	// down (below); one that does not is not made to.
-	opens, oerr := linux.PassiveOpens(o.pid)
-	accepting := o.frozenHold == nil && ((oerr == nil && opens > o.opens) || (o.synHold != nil && o.synHold.Held() > 0))
+	accepting := false
+	if o.frozenHold == nil {
+		opens, err := linux.PassiveOpens(o.pid)
+		accepting = (err == nil && opens > o.opens) || (o.synHold != nil && o.synHold.Held() > 0)
+	}
 	// What ran since the last phase (runc's and CRIU's start to the
 	// gate, the unit's members gathering, connection requests settling)
 	// ran with the service up: it is preparation, not the dump.
