@@ -89,7 +89,11 @@
 // transfer of a many-process service overlaps its dump (the CloudHopper
 // web tier's, idle, about 200 ms of a second's transfer at 100 Mbit/s; a
 // one-process service gains little, as the compression then shares the
-// CPU with CRIU). Every strategy
+// CPU with CRIU). B writes into pre-copy's images only the pages it did
+// not hold at their address; those it held stay in its store, the
+// images' parent (precopy.ParentDir), so on 2 cores the dump no longer
+// shares the CPU with B copying the state (the web tier's 43,000 held
+// pages) and freeing the store's copies. Every strategy
 // takes `runc restore`'s start out of the window the other way round
 // (migration.ReadyNotice, MsgLiveLayer, FreezeNotice.LayerLive): once its
 // own runc waits at the gate, before the freeze, A sends S's

@@ -143,7 +143,7 @@ func BenchmarkFinal(b *testing.B) {
 			b.Fatal(err)
 		}
 		var e encoder
-		e.single(record{typ: recBegin, count: version, pid: kindRound, addr: 1})
+		e.single(roundBegin(&source.hash, 1))
 		held := map[uint64]uint64{}
 		for p := 0; p < pages; p++ {
 			page := img[p*PageSize : (p+1)*PageSize]

@@ -29,9 +29,13 @@
 // dump of the frozen container: each pages-*.img file page by page in its
 // order, as "you hold it at (pid, address)", the data or its XOR with
 // what the destination holds there, then every other
-// image as it is. The destination writes the pages files from its store
-// and the delta and checks each against the source's digest, so the image
-// directory it restores from is byte-identical to the dump. With a
+// image as it is. The destination writes the pages files from the delta
+// and checks each against the source's digest, taken over all its pages;
+// the pages it holds at their own address stay in the store, which the
+// image directory names as its parent (parent.go: CRIU's incremental
+// dumps, the pagemap's PE_PARENT entries), so the frozen window neither
+// copies them nor frees the store's copies, and the images describe the
+// dump's memory page for page. With a
 // DumpWatch (inotify on the image directory) the pages go while CRIU
 // still dumps: each process's pages image as soon as CRIU has closed it
 // and its pagemap, the rest once the dump is done (an image sent early

@@ -7,18 +7,17 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
 	"google.golang.org/protobuf/encoding/protowire"
-
-	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // roundStream encodes a small valid round: data, zero, copy and XOR runs.
 func roundStream() []byte {
 	var e encoder
-	e.single(record{typ: recBegin, pid: kindRound, count: version, addr: 1})
+	e.single(roundBegin(&testHash, 1))
 	page := bytes.Repeat([]byte{7}, PageSize)
 	e.page(recData, 1, 0x10000, 0, 0, page)
 	e.page(recData, 1, 0x11000, 0, 0, page)
@@ -90,7 +89,7 @@ func FuzzApplyRound(f *testing.F) {
 // roundStream: one pages image of held, XOR, data and zero pages of pid
 // 1, and one without addresses holding a copy of pid 2's page.
 func finalStream() []byte {
-	hash := newPageHasher()
+	hash := testHash
 	page := bytes.Repeat([]byte{7}, PageSize)
 	other := bytes.Clone(page) // what roundStream left at (1, 0x11000)
 	other[100] = 9
@@ -145,7 +144,7 @@ func finalFixture(t *testing.T) (*Store, string) {
 func TestFinalStreamValid(t *testing.T) {
 	s, dir := finalFixture(t)
 	var st FinalStats
-	fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
+	fb := &finalBuilder{s: s, dir: dir, st: &st, kept: map[uint64][]keptRun{}}
 	if err := fb.apply(newDecoder(bytes.NewReader(finalStream()))); !errors.Is(err, errStreamDone) {
 		t.Fatalf("final: %v", err)
 	}
@@ -157,12 +156,16 @@ func TestFinalStreamValid(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(img1) != 4*PageSize || img1[PageSize+100] != 9 || img1[PageSize+200] != 1 || img1[2*PageSize] != 3 {
-		t.Fatal("pages-1.img does not hold the held, XORed, data and zero pages")
+	// The held page stays in the store: the image holds the other three.
+	if len(img1) != 3*PageSize || img1[100] != 9 || img1[200] != 1 || img1[PageSize] != 3 || img1[2*PageSize+5] != 0 {
+		t.Fatal("pages-1.img does not hold the XORed, data and zero pages")
+	}
+	if want := []keptRun{{pos: 0, pid: 1, addr: 0x10000, count: 1}}; len(fb.kept) != 1 || !slices.Equal(fb.kept[1], want) {
+		t.Fatalf("kept %v, want image 1: %v", fb.kept, want)
 	}
 
 	// The same image twice is corrupt, not a file system error.
-	hash := newPageHasher()
+	hash := testHash
 	var e encoder
 	k0, k1 := hash.words()
 	e.single(record{typ: recBegin, count: version, pid: kindFinal, addr: k0, saddr: k1})
@@ -173,7 +176,7 @@ func TestFinalStreamValid(t *testing.T) {
 		e.single(record{typ: recFileEnd, count: 1, addr: xxhash.Sum64(binary.LittleEndian.AppendUint64(nil, hash.sum(zeroPage[:])))})
 	}
 	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
-	fb = &finalBuilder{s: s, dir: dir, st: &FinalStats{}, pending: map[uint32]linux.MemRange{}}
+	fb = &finalBuilder{s: s, dir: dir, st: &FinalStats{}, kept: map[uint64][]keptRun{}}
 	err = fb.apply(newDecoder(bytes.NewReader(e.buf)))
 	fb.abandon()
 	if !errors.Is(err, ErrCorrupt) {
@@ -191,7 +194,7 @@ func FuzzApplyFinal(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		s, dir := finalFixture(t)
 		var st FinalStats
-		fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
+		fb := &finalBuilder{s: s, dir: dir, st: &st, kept: map[uint64][]keptRun{}}
 		err := fb.apply(newDecoder(bytes.NewReader(in)))
 		if aerr := fb.abandon(); aerr != nil {
 			t.Fatalf("abandon: %v", aerr)
@@ -210,8 +213,14 @@ func FuzzApplyFinal(f *testing.F) {
 				}
 				size += fi.Size()
 			}
-			if len(ents) != st.Images || size != st.DumpBytes || st.DumpBytes != st.Pages*PageSize {
-				t.Fatalf("%d images of %d bytes, stats say %d images, %d bytes, %d pages", len(ents), size, st.Images, st.DumpBytes, st.Pages)
+			var kept int64
+			for _, runs := range fb.kept {
+				for _, r := range runs {
+					kept += int64(r.count)
+				}
+			}
+			if len(ents) != st.Images || size != st.DumpBytes-kept*PageSize || st.DumpBytes != st.Pages*PageSize || kept != st.HeldPages {
+				t.Fatalf("%d images of %d bytes, stats say %d images, %d bytes, %d pages, %d held; %d kept", len(ents), size, st.Images, st.DumpBytes, st.Pages, st.HeldPages, kept)
 			}
 		case errors.Is(err, ErrCorrupt), errors.Is(err, ErrMismatch):
 		default:
@@ -253,4 +262,75 @@ func FuzzPagemap(f *testing.F) {
 			}
 		}
 	})
+}
+
+// FuzzSplitPagemap rewrites a peer's arbitrary pagemap image for one
+// image's kept pages: it fails, leaving the image as it was, or the
+// rewritten image marks exactly the kept pages PE_PARENT, keeps every
+// other page it described, and still decodes.
+func FuzzSplitPagemap(f *testing.F) {
+	img := pagemapHeader(1)
+	img = appendEntry(img, 0x400000, 4, pePresent)
+	img = appendEntry(img, 0x800000, 1, peLazy)
+	f.Add(img)
+	f.Add(appendEntry(pagemapHeader(2), 0x401000, 2, pePresent))
+	runs := []keptRun{{pos: 1, pid: 7, addr: 0x401000, count: 2}}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		path := filepath.Join(t.TempDir(), "pagemap-7.img")
+		if err := os.WriteFile(path, in, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		before := pagesOfMap(t, in)
+		_, did, err := splitPagemap(path, 7, map[uint64][]keptRun{1: runs})
+		after, rerr := os.ReadFile(path)
+		if rerr != nil {
+			t.Fatal(rerr)
+		}
+		if err != nil || !did {
+			if !bytes.Equal(after, in) {
+				t.Fatalf("a failed or skipped split (%v) changed the image", err)
+			}
+			return
+		}
+		got := pagesOfMap(t, after)
+		if got == nil {
+			t.Fatal("the rewritten pagemap does not decode")
+		}
+		for addr, flags := range before {
+			want := flags
+			if addr >= 0x401000 && addr < 0x403000 {
+				want = flags&^pePresent | peParent
+			}
+			if got[addr] != want {
+				t.Fatalf("page %#x: flags %#x, want %#x", addr, got[addr], want)
+			}
+		}
+		if len(got) != len(before) {
+			t.Fatalf("%d pages described, were %d", len(got), len(before))
+		}
+	})
+}
+
+// pagesOfMap decodes a pagemap image into the flags of each page it
+// describes (nil if it does not decode or describes too many pages).
+func pagesOfMap(t *testing.T, img []byte) map[uint64]uint64 {
+	msgs, err := pagemapMessages("fuzz", img)
+	if err != nil || len(msgs) == 0 {
+		return nil
+	}
+	out := map[uint64]uint64{}
+	for _, m := range msgs[1:] {
+		f, err := varintFields(m)
+		if err != nil {
+			return nil
+		}
+		vaddr, nr, flags := entryFields(f)
+		if nr > 1<<12 || len(out) > 1<<14 {
+			return nil
+		}
+		for i := range nr {
+			out[vaddr+i*PageSize] = flags
+		}
+	}
+	return out
 }

@@ -265,3 +265,6 @@ func xorPage(a, b []byte) []byte {
 	xorInto(x, b)
 	return x
 }
+
+// testHash is the page hasher of the tests' hand-made streams.
+var testHash = newPageHasher()

@@ -2,7 +2,6 @@ package precopy
 
 import (
 	"cmp"
-	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -87,25 +86,15 @@ func readPagemapWhere(path string, pid uint32, keep func(flags uint64, hasFlags,
 	if err != nil {
 		return pm, err
 	}
-	if len(buf) < 8 || binary.LittleEndian.Uint32(buf) != imgCommonMagic ||
-		binary.LittleEndian.Uint32(buf[4:]) != pagemapMagic {
-		return pm, fmt.Errorf("%s is not a criu pagemap image", path)
+	msgs, err := pagemapMessages(path, buf)
+	if err != nil {
+		return pm, err
 	}
-	buf = buf[8:]
-	for i := 0; len(buf) > 0; i++ {
-		if len(buf) < 4 {
-			return pm, fmt.Errorf("%s: truncated entry size", path)
-		}
-		size := binary.LittleEndian.Uint32(buf)
-		buf = buf[4:]
-		if uint64(size) > uint64(len(buf)) {
-			return pm, fmt.Errorf("%s: entry of %d bytes overruns the image", path, size)
-		}
-		fields, err := varintFields(buf[:size])
+	for i, m := range msgs {
+		fields, err := varintFields(m)
 		if err != nil {
 			return pm, fmt.Errorf("%s: entry %d: %w", path, i, err)
 		}
-		buf = buf[size:]
 		if i == 0 {
 			pm.pagesID = fields[1]
 			continue

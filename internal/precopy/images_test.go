@@ -3,6 +3,7 @@ package precopy
 import (
 	"cmp"
 	"encoding/binary"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -167,6 +168,89 @@ func TestIsMemoryImage(t *testing.T) {
 	} {
 		if got := IsMemoryImage(name); got != want {
 			t.Errorf("IsMemoryImage(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+// memoryOf reads the pages the pagemap image name in dir describes, as
+// CRIU's restore does: present pages from its pages image in order,
+// PE_PARENT pages from the same pagemap in dir/parent, at their address.
+func memoryOf(t testing.TB, dir string, name string) map[uint64][]byte {
+	t.Helper()
+	out := map[uint64][]byte{}
+	walkPagemap(t, dir, name, func(vaddr, nr, flags uint64, read func(i uint64) []byte) bool {
+		for i := range nr {
+			switch {
+			case flags&pePresent != 0:
+				out[vaddr+i*PageSize] = read(i)
+			case flags&peParent != 0:
+				out[vaddr+i*PageSize] = parentPage(t, filepath.Join(dir, ParentDir), name, vaddr+i*PageSize)
+			}
+		}
+		return true
+	})
+	return out
+}
+
+// parentPage reads the page at addr from the pagemap image name in dir.
+func parentPage(t testing.TB, dir, name string, addr uint64) []byte {
+	t.Helper()
+	var page []byte
+	walkPagemap(t, dir, name, func(vaddr, nr, flags uint64, read func(i uint64) []byte) bool {
+		if addr < vaddr || addr >= vaddr+nr*PageSize {
+			return true
+		}
+		if flags&pePresent == 0 {
+			t.Fatalf("%s/%s: %#x is not present", dir, name, addr)
+		}
+		page = read((addr - vaddr) / PageSize)
+		return false
+	})
+	if page == nil {
+		t.Fatalf("%s/%s has no page at %#x", dir, name, addr)
+	}
+	return page
+}
+
+// walkPagemap calls fn for each entry of the pagemap image name in dir,
+// with a reader of the entry's i-th page from its pages image (present
+// entries only), until fn returns false.
+func walkPagemap(t testing.TB, dir, name string, fn func(vaddr, nr, flags uint64, read func(i uint64) []byte) bool) {
+	t.Helper()
+	buf, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs, err := pagemapMessages(name, buf)
+	if err != nil || len(msgs) == 0 {
+		t.Fatalf("%s: %v", name, err)
+	}
+	head, _ := varintFields(msgs[0])
+	pages, err := os.Open(filepath.Join(dir, fmt.Sprintf("pages-%d.img", head[1])))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pages.Close()
+	var off uint64
+	for _, m := range msgs[1:] {
+		f, err := varintFields(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		vaddr, nr, flags := entryFields(f)
+		base := off
+		read := func(i uint64) []byte {
+			p := make([]byte, PageSize)
+			if _, err := pages.ReadAt(p, int64(base+i*PageSize)); err != nil {
+				t.Fatalf("%s: page %d: %v", name, base/PageSize+i, err)
+			}
+			return p
+		}
+		if !fn(vaddr, nr, flags, read) {
+			return
+		}
+		if flags&pePresent != 0 {
+			off += nr * PageSize
 		}
 	}
 }

@@ -15,35 +15,48 @@ const imageWriterBuf = 4 << 20
 // buffers (reading held pages straight into them), and a goroutine of
 // its own hashes each full buffer's pages into the image digest and
 // writes it, so filling the next buffer overlaps hashing and writing the
-// last one. The caller's methods are not safe for concurrent use; close
-// waits for the goroutine. Its two buffers are the caller's, handed back
-// by buffers after close for the next image: allocating them anew for
-// every image would cost page faults inside the frozen window.
+// last one. Pages added with keep are not written, and count in the
+// digest by the hashes the caller gives: the image's pagemap finds them
+// in the parent directory (the store). The caller's methods are not
+// safe for concurrent use; close waits for the goroutine. Its two
+// buffers are the caller's, handed back by buffers after close for the
+// next image: allocating them anew for every image would cost page
+// faults inside the frozen window.
 type imageWriter struct {
 	f     *os.File
-	hash  pageHasher  // the source's, for the digest
-	cur   []byte      // being filled
-	free  chan []byte // buffers to fill
-	full  chan []byte // buffers to hash and write, in order
+	hash  pageHasher // the source's, for the digest
+	cur   *chunk     // being filled
+	free  chan *chunk
+	full  chan *chunk // to hash and write, in order
 	done  chan error  // the goroutine's result, once full is closed
 	sum   uint64      // the digest, valid after close
-	pages uint32
+	pages uint32      // in the image, written or kept
 }
+
+// chunk is a buffer of pages to write and, in order, the hashes of the
+// kept pages among them: kept[i] are sums[from:to], before b[at:].
+type chunk struct {
+	b    []byte
+	sums []uint64
+	kept []keptSums
+}
+
+type keptSums struct{ at, from, to int }
 
 // newImageWriter writes to f through bufs (nil: allocated here).
 func newImageWriter(f *os.File, hash pageHasher, bufs [2][]byte) *imageWriter {
 	w := &imageWriter{
 		f:    f,
 		hash: hash,
-		free: make(chan []byte, 2),
-		full: make(chan []byte, 2),
+		free: make(chan *chunk, 2),
+		full: make(chan *chunk, 2),
 		done: make(chan error, 1),
 	}
 	for _, b := range bufs {
 		if b == nil {
 			b = make([]byte, 0, imageWriterBuf)
 		}
-		w.free <- b[:0]
+		w.free <- &chunk{b: b[:0]}
 	}
 	w.cur = <-w.free
 	go w.run()
@@ -54,15 +67,27 @@ func (w *imageWriter) run() {
 	var err error
 	d := xxhash.New()
 	var hb [8]byte
-	for buf := range w.full {
+	sum := func(h uint64) {
+		binary.LittleEndian.PutUint64(hb[:], h)
+		d.Write(hb[:])
+	}
+	for c := range w.full {
 		if err == nil {
-			for off := 0; off < len(buf); off += PageSize {
-				binary.LittleEndian.PutUint64(hb[:], w.hash.sum(buf[off:off+PageSize]))
-				d.Write(hb[:])
+			pos := 0
+			for _, k := range append(c.kept, keptSums{at: len(c.b)}) {
+				for ; pos < k.at; pos += PageSize {
+					sum(w.hash.sum(c.b[pos : pos+PageSize]))
+				}
+				for _, h := range c.sums[k.from:k.to] {
+					sum(h)
+				}
 			}
-			_, err = w.f.Write(buf)
+			if len(c.b) > 0 {
+				_, err = w.f.Write(c.b)
+			}
 		}
-		w.free <- buf[:0]
+		c.b, c.sums, c.kept = c.b[:0], c.sums[:0], c.kept[:0]
+		w.free <- c
 	}
 	w.sum = d.Sum64()
 	w.done <- err
@@ -71,17 +96,26 @@ func (w *imageWriter) run() {
 // space returns the free part of the current buffer, at least one page,
 // handing the buffer over first if it is full.
 func (w *imageWriter) space() []byte {
-	if len(w.cur) == cap(w.cur) {
+	if len(w.cur.b) == cap(w.cur.b) {
 		w.full <- w.cur
 		w.cur = <-w.free
 	}
-	return w.cur[len(w.cur):cap(w.cur)]
+	return w.cur.b[len(w.cur.b):cap(w.cur.b)]
 }
 
 // commit adds n bytes (whole pages) written into space to the image.
 func (w *imageWriter) commit(n int) {
-	w.cur = w.cur[:len(w.cur)+n]
+	w.cur.b = w.cur.b[:len(w.cur.b)+n]
 	w.pages += uint32(n / PageSize)
+}
+
+// keep adds pages that stay where they are, by their hashes.
+func (w *imageWriter) keep(sums []uint64) {
+	c := w.cur
+	from := len(c.sums)
+	c.sums = append(c.sums, sums...)
+	c.kept = append(c.kept, keptSums{at: len(c.b), from: from, to: len(c.sums)})
+	w.pages += uint32(len(sums))
 }
 
 // write adds whole pages p to the image.
@@ -107,7 +141,7 @@ func (w *imageWriter) zeros(n uint32) {
 // close writes what is buffered, closes the file and returns the first
 // error; the digest is then in sum.
 func (w *imageWriter) close() error {
-	if len(w.cur) > 0 {
+	if len(w.cur.b) > 0 || len(w.cur.kept) > 0 {
 		w.full <- w.cur
 	} else {
 		w.free <- w.cur
@@ -120,5 +154,5 @@ func (w *imageWriter) close() error {
 
 // buffers returns the writer's two buffers once close returned.
 func (w *imageWriter) buffers() [2][]byte {
-	return [2][]byte{<-w.free, <-w.free}
+	return [2][]byte{(<-w.free).b, (<-w.free).b}
 }

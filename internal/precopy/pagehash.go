@@ -56,3 +56,10 @@ func seedOf(addr, saddr uint64) [16]byte {
 	binary.LittleEndian.PutUint64(s[8:], saddr)
 	return s
 }
+
+// roundBegin is the begin record of round n, carrying the hasher's seed:
+// the destination hashes the pages it stores under the same key.
+func roundBegin(h *pageHasher, n int) record {
+	k0, k1 := h.words()
+	return record{typ: recBegin, count: version, pid: kindRound, spid: uint32(n), addr: k0, saddr: k1}
+}

@@ -21,12 +21,13 @@ const PageSize = 4096
 //	1      3    zero
 //	4      4    count: pages (begin: protocol version)
 //	8      4    pid: namespace pid of the pages' own address (0: none)
-//	12     4    spid: namespace pid of a copy's source
-//	16     8    addr: the pages' own address (round begin: sequence;
-//	            final begin: page hash seed, first half; file begin:
-//	            pages image id; file end: digest; end: pages)
-//	24     8    saddr: address of a copy's source (final begin: page
-//	            hash seed, second half; end: records)
+//	12     4    spid: namespace pid of a copy's source (round begin:
+//	            sequence)
+//	16     8    addr: the pages' own address (begin: page hash seed,
+//	            first half; file begin: pages image id; file end:
+//	            digest; end: pages)
+//	24     8    saddr: address of a copy's source (begin: page hash
+//	            seed, second half; end: records)
 //	32     count·4096 bytes of data, data and XOR records only
 //	…      8    xxhash64 of the header and the data
 //
@@ -44,8 +45,10 @@ const (
 	// maxAddr bounds addresses: the store files are this big (sparse).
 	maxAddr = 1 << 57
 	// version 2: pages are hashed under a key (pageHasher) whose seed
-	// the final delta's begin record carries; 3: XOR records.
-	version = 3
+	// the final delta's begin record carries; 3: XOR records; 4: every
+	// round's begin record carries the seed too (the destination hashes
+	// what it stores).
+	version = 4
 )
 
 // Record types.

@@ -117,7 +117,7 @@ func TestEncoderRunLimit(t *testing.T) {
 
 func TestDecoderDetectsDamage(t *testing.T) {
 	var e encoder
-	e.single(record{typ: recBegin, count: version, pid: kindRound, addr: 1})
+	e.single(roundBegin(&testHash, 1))
 	e.page(recData, 7, 0x10000, 0, 0, pageOf(0xab))
 	e.page(recData, 7, 0x11000, 0, 0, pageOf(0xcd))
 	e.flush()

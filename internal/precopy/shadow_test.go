@@ -125,7 +125,7 @@ func TestXorRecord(t *testing.T) {
 	new0[17], new1[4095] = 0xff, 0
 
 	var e encoder
-	e.single(record{typ: recBegin, pid: kindRound, count: version, addr: 1})
+	e.single(roundBegin(&testHash, 1))
 	e.page(recData, 5, a, 0, 0, old0)
 	e.page(recData, 5, a+PageSize, 0, 0, old1)
 	e.flush()
@@ -133,7 +133,7 @@ func TestXorRecord(t *testing.T) {
 	round1 := bytes.Clone(e.buf)
 
 	e = encoder{}
-	e.single(record{typ: recBegin, pid: kindRound, count: version, addr: 2})
+	e.single(roundBegin(&testHash, 2))
 	e.xor(5, a, xorPage(new0, old0))
 	e.xor(5, a+PageSize, xorPage(new1, old1))
 	e.flush()
@@ -172,7 +172,7 @@ func TestXorRecord(t *testing.T) {
 
 	// An XOR for a process the store holds nothing of is corrupt.
 	e = encoder{}
-	e.single(record{typ: recBegin, pid: kindRound, count: version, addr: 3})
+	e.single(roundBegin(&testHash, 3))
 	e.xor(6, a, xorPage(new0, old0))
 	e.flush()
 	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
@@ -195,5 +195,28 @@ func TestRoundStreamValid(t *testing.T) {
 	}
 	if st.XorPages != 1 || st.DataPages != 3 || st.ZeroPages != 1 || st.CopyPages != 1 {
 		t.Fatalf("seed round counted %+v", st)
+	}
+	// The store hashed what it stored under the round's key: the page
+	// data wrote, the one copied, the one XORed, and the one zeroed.
+	page := bytes.Repeat([]byte{7}, PageSize)
+	other := bytes.Clone(page)
+	other[100] = 9
+	for _, c := range []struct {
+		pid  uint32
+		addr uint64
+		want []byte
+	}{{1, 0x10000, page}, {2, 0x30000, page}, {1, 0x11000, other}, {1, 0x20000, zeroPage[:]}} {
+		sums, err := s.sumsAt(nil, c.pid, c.addr, 1)
+		if err != nil || len(sums) != 1 || sums[0] != testHash.sum(c.want) {
+			t.Errorf("pid %d %#x: hashes %v (%v), want that of its page", c.pid, c.addr, sums, err)
+		}
+	}
+	// A later round under another key is corrupt.
+	other2 := newPageHasher()
+	var e encoder
+	e.single(roundBegin(&other2, 2))
+	e.single(record{typ: recEnd, addr: 0, saddr: 1})
+	if err := s.applyRound(newDecoder(bytes.NewReader(e.buf)), &st); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("a round under another key: %v, want ErrCorrupt", err)
 	}
 }

@@ -304,7 +304,7 @@ func (r *roundReader) produce() error {
 	switch {
 	case !r.begun:
 		r.begun = true
-		r.enc.single(record{typ: recBegin, count: version, pid: kindRound, addr: uint64(r.st.Round)})
+		r.enc.single(roundBegin(&r.s.hash, r.st.Round))
 	case r.proc != nil && len(r.ranges) > 0:
 		return r.readBatch()
 	case r.cur < len(r.procs):

@@ -28,6 +28,16 @@ type Store struct {
 	log   *slog.Logger
 	files map[uint32]*os.File
 	buf   []byte
+
+	// hash is the source's page hasher, from the first round's begin
+	// record (keyed false before); sums holds, by pid and page number,
+	// the hash of each page stored (a page not there reads as zeros:
+	// zeroSum), so that the final delta's digest covers the pages left
+	// in the store without reading them.
+	hash    pageHasher
+	keyed   bool
+	sums    map[uint32]map[uint64]uint64
+	zeroSum uint64
 }
 
 // NewStore creates the store's directory dir, which must not exist, and
@@ -51,7 +61,7 @@ func NewStore(dir string, log *slog.Logger) (*Store, error) {
 		os.RemoveAll(dir)
 		return nil, fmt.Errorf("%w: store %s cannot hold sparse files of 2^57 bytes (use tmpfs): %v", ErrNotSupported, dir, err)
 	}
-	return &Store{dir: dir, log: log, files: map[uint32]*os.File{}, buf: make([]byte, maxDataPages*PageSize)}, nil
+	return &Store{dir: dir, log: log, files: map[uint32]*os.File{}, buf: make([]byte, maxDataPages*PageSize), sums: map[uint32]map[uint64]uint64{}}, nil
 }
 
 // Dir is the store's directory.
@@ -192,7 +202,10 @@ func (s *Store) applyRound(d *decoder, st *RoundStats) error {
 	if err != nil {
 		return err
 	}
-	st.Round = int(b.addr)
+	st.Round = int(b.spid)
+	if !s.key(seedOf(b.addr, b.saddr)) {
+		return fmt.Errorf("%w: round %d is hashed under another key than the rounds before", ErrCorrupt, st.Round)
+	}
 	var records, pages uint64
 	for {
 		r, err := d.next()
@@ -233,7 +246,32 @@ func (s *Store) applyRound(d *decoder, st *RoundStats) error {
 	}
 }
 
+// key takes the page hasher's seed from a round's begin record: the
+// first round's sets it, and a later round must name the same (false
+// otherwise).
+func (s *Store) key(seed [16]byte) bool {
+	if !s.keyed {
+		s.hash, s.keyed = pageHasherOf(seed), true
+		s.zeroSum = s.hash.sum(zeroPage[:])
+	}
+	return seed == s.hash.seed
+}
+
+// write stores data (whole pages) at (pid, addr) and the hash of each
+// page.
 func (s *Store) write(pid uint32, addr uint64, data []byte) error {
+	if err := s.writeRaw(pid, addr, data); err != nil {
+		return err
+	}
+	m := s.sumsOf(pid)
+	for off := 0; off < len(data); off += PageSize {
+		m[(addr+uint64(off))/PageSize] = s.hash.sum(data[off : off+PageSize])
+	}
+	return nil
+}
+
+// writeRaw stores data at (pid, addr), leaving the hashes to the caller.
+func (s *Store) writeRaw(pid uint32, addr uint64, data []byte) error {
 	f, err := s.file(pid, true)
 	if err != nil {
 		return err
@@ -242,12 +280,42 @@ func (s *Store) write(pid uint32, addr uint64, data []byte) error {
 	return err
 }
 
+func (s *Store) sumsOf(pid uint32) map[uint64]uint64 {
+	m, ok := s.sums[pid]
+	if !ok {
+		m = map[uint64]uint64{}
+		s.sums[pid] = m
+	}
+	return m
+}
+
 func (s *Store) punch(pid uint32, addr uint64, count uint32) error {
 	f, err := s.file(pid, true)
 	if err != nil {
 		return err
 	}
+	m := s.sumsOf(pid)
+	for i := range uint64(count) {
+		delete(m, addr/PageSize+i)
+	}
 	return linux.PunchHole(f, int64(addr), int64(count)*PageSize)
+}
+
+// sumsAt appends to dst the hashes of the count pages stored at (pid,
+// addr): what they hashed to when written (zeroSum where none was).
+func (s *Store) sumsAt(dst []uint64, pid uint32, addr uint64, count uint32) ([]uint64, error) {
+	if _, err := s.file(pid, false); err != nil {
+		return dst, err
+	}
+	m := s.sums[pid]
+	for i := range uint64(count) {
+		h, ok := m[addr/PageSize+i]
+		if !ok {
+			h = s.zeroSum
+		}
+		dst = append(dst, h)
+	}
+	return dst, nil
 }
 
 // read reads n bytes held at (pid, addr) into buf.
@@ -285,8 +353,16 @@ func (s *Store) copy(r record) error {
 		if err := s.read(r.spid, r.saddr+off, s.buf[:k]); err != nil {
 			return err
 		}
-		if err := s.write(r.pid, r.addr+off, s.buf[:k]); err != nil {
+		if err := s.writeRaw(r.pid, r.addr+off, s.buf[:k]); err != nil {
 			return err
+		}
+		from, to := s.sums[r.spid], s.sumsOf(r.pid)
+		for i := uint64(0); i < k/PageSize; i++ {
+			h, ok := from[(r.saddr+off)/PageSize+i]
+			if !ok {
+				h = s.zeroSum
+			}
+			to[(r.addr+off)/PageSize+i] = h
 		}
 	}
 	return nil
@@ -295,12 +371,17 @@ func (s *Store) copy(r record) error {
 // RebuildFinal receives what Source.SendFinal sends and writes the
 // complete CRIU image directory imgDir (which must not exist) from the
 // store and the delta: every image as the source dumped it, byte for
-// byte. Each pages image's digest is checked (ErrMismatch). The pages
-// images are written to imgDir + "-pages" while the others have not
-// arrived, and moved in once they have. On error nothing is left at
-// either. The store releases pages as they are used, so memory does not
-// double; after RebuildFinal, successful or not, the store is spent and
-// only Close remains.
+// byte, except that the pages the store holds at their own address stay
+// there. CRIU's restore reads them through imgDir/parent, an incremental
+// dump's parent made of hard links to the store's files (linkParent):
+// the frozen window neither copies them nor releases the store's copies.
+// Each pages image's digest is checked over all its pages, those left in
+// the store too (ErrMismatch). The pages images are written to imgDir +
+// "-pages" while the others have not arrived, and moved in once they
+// have. On error nothing is left at either. Memory stays near one copy
+// of the state: the store, and the pages that changed since the rounds;
+// after RebuildFinal, successful or not, the store is spent and only
+// Close remains (imgDir's links keep what the restore needs).
 func (s *Store) RebuildFinal(ctx context.Context, conn *transfer.Conn, imgDir string) (st FinalStats, err error) {
 	start := time.Now()
 	defer func() { st.Duration = time.Since(start) }()
@@ -312,7 +393,7 @@ func (s *Store) RebuildFinal(ctx context.Context, conn *transfer.Conn, imgDir st
 		return st, fmt.Errorf("precopy rebuild: %w", err)
 	}
 	defer os.RemoveAll(pagesDir)
-	fb := &finalBuilder{s: s, dir: pagesDir, st: &st, pending: map[uint32]linux.MemRange{}}
+	fb := &finalBuilder{s: s, dir: pagesDir, st: &st, kept: map[uint64][]keptRun{}}
 	dst, err := s.receive(ctx, conn, fb.apply)
 	st.DeltaBytes = dst.WireBytes
 	if err != nil {
@@ -322,6 +403,9 @@ func (s *Store) RebuildFinal(ctx context.Context, conn *transfer.Conn, imgDir st
 	st.MetaBytes = mst.WireBytes
 	if err == nil {
 		err = movePages(pagesDir, imgDir)
+	}
+	if err == nil {
+		err = fb.linkParent(imgDir)
 	}
 	if err != nil {
 		return st, fmt.Errorf("precopy rebuild: %w", errors.Join(err, os.RemoveAll(imgDir)))
@@ -368,9 +452,22 @@ type finalBuilder struct {
 	name string
 	want uint32 // pages its begin record announced
 
-	// pending are ranges of store files to release (one per pid, grown
-	// while the delta walks a process's pages in order).
-	pending map[uint32]linux.MemRange
+	id   uint64   // the image being written
+	sums []uint64 // scratch for the hashes of held pages
+
+	// kept are, by pages image id, the runs of its pages left in the
+	// store at their own address (linkParent).
+	kept map[uint64][]keptRun
+}
+
+// keptRun is a run of a pages image's pages left in the store: count
+// pages from position pos of the image, which process pid has at addr
+// onwards.
+type keptRun struct {
+	pos   uint64
+	pid   uint32
+	addr  uint64
+	count uint64
 }
 
 func (b *finalBuilder) apply(d *decoder) error {
@@ -379,6 +476,9 @@ func (b *finalBuilder) apply(d *decoder) error {
 		return err
 	}
 	b.hash = pageHasherOf(seedOf(br.addr, br.saddr))
+	if b.s.keyed && b.hash.seed != b.s.hash.seed {
+		return fmt.Errorf("%w: the final delta is hashed under another key than the rounds", ErrCorrupt)
+	}
 	var records, pages uint64
 	for {
 		r, err := d.next()
@@ -402,9 +502,6 @@ func (b *finalBuilder) apply(d *decoder) error {
 			}
 			if r.addr != pages || r.saddr != records+1 {
 				return fmt.Errorf("%w: end record says %d pages in %d records, got %d in %d", ErrCorrupt, r.addr, r.saddr, pages, records+1)
-			}
-			if err := b.release(); err != nil {
-				return err
 			}
 			return expectEnd(d)
 		default:
@@ -434,7 +531,7 @@ func (b *finalBuilder) begin(r record) error {
 		f.Close()
 		return err
 	}
-	b.w, b.want = newImageWriter(f, b.hash, b.bufs), r.count
+	b.w, b.want, b.id = newImageWriter(f, b.hash, b.bufs), r.count, r.addr
 	b.st.Images++
 	return nil
 }
@@ -483,19 +580,34 @@ func (b *finalBuilder) pagesOf(r record) error {
 		w.zeros(r.count)
 	case recHeld:
 		st.HeldPages += int64(r.count)
-		if err := b.fromStore(r.pid, r.addr, int(r.count)*PageSize, nil); err != nil {
+		if !b.s.keyed {
+			return fmt.Errorf("%w: a held page, but no round came", ErrCorrupt)
+		}
+		b.keep(keptRun{pos: uint64(w.pages), pid: r.pid, addr: r.addr, count: uint64(r.count)})
+		var err error
+		if b.sums, err = b.s.sumsAt(b.sums[:0], r.pid, r.addr, r.count); err != nil {
 			return err
 		}
+		w.keep(b.sums)
 	case recCopy:
 		st.CopyPages += int64(r.count)
 		if err := b.fromStore(r.spid, r.saddr, int(r.count)*PageSize, nil); err != nil {
 			return err
 		}
 	}
-	if r.pid != 0 {
-		return b.consume(r.pid, linux.MemRange{Start: r.addr, End: r.addr + uint64(r.count)*PageSize})
-	}
 	return nil
+}
+
+// keep notes a run of the image's pages left in the store, joined to the
+// last when it continues it.
+func (b *finalBuilder) keep(r keptRun) {
+	runs := b.kept[b.id]
+	if k := len(runs) - 1; k >= 0 && runs[k].pid == r.pid && runs[k].pos+runs[k].count == r.pos &&
+		runs[k].addr+runs[k].count*PageSize == r.addr {
+		runs[k].count += r.count
+		return
+	}
+	b.kept[b.id] = append(runs, r)
 }
 
 // fromStore appends the n bytes the store holds at (pid, addr) to the
@@ -516,46 +628,6 @@ func (b *finalBuilder) fromStore(pid uint32, addr uint64, n int, x []byte) error
 		off += k
 	}
 	return nil
-}
-
-// releaseBytes is how much of a store file consume lets accumulate before
-// releasing it: memory stays near one copy of the state while few
-// punches are made.
-const releaseBytes = 32 << 20
-
-// consume notes that the store's pages at rg of pid are no longer needed:
-// the source never refers to them again. Adjacent ranges are merged and
-// released together.
-func (b *finalBuilder) consume(pid uint32, rg linux.MemRange) error {
-	p, ok := b.pending[pid]
-	if ok && p.End == rg.Start && p.Len() < releaseBytes {
-		p.End = rg.End
-		b.pending[pid] = p
-		return nil
-	}
-	b.pending[pid] = rg
-	if ok {
-		return b.punch(pid, p)
-	}
-	return nil
-}
-
-func (b *finalBuilder) release() error {
-	for pid, rg := range b.pending {
-		if err := b.punch(pid, rg); err != nil {
-			return err
-		}
-		delete(b.pending, pid)
-	}
-	return nil
-}
-
-func (b *finalBuilder) punch(pid uint32, rg linux.MemRange) error {
-	f, ok := b.s.files[pid]
-	if !ok {
-		return nil // nothing was ever stored for pid
-	}
-	return linux.PunchHole(f, int64(rg.Start), int64(rg.Len()))
 }
 
 // abandon closes a half-written image after a failure.

@@ -5,13 +5,14 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
-	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // shmDir returns a fresh directory on tmpfs, removed when the test ends.
@@ -80,7 +81,7 @@ func TestStoreRound(t *testing.T) {
 	var known []pageLoc
 	for round := 1; round <= 20; round++ {
 		var e encoder
-		e.single(record{typ: recBegin, count: version, pid: kindRound, addr: uint64(round)})
+		e.single(roundBegin(&testHash, round))
 		for i := 0; i < 40; i++ {
 			l := loc()
 			n := 1 + rng.IntN(5) // a run of n pages from l
@@ -148,7 +149,7 @@ func TestStoreRound(t *testing.T) {
 // TestStoreRejectsBadRounds feeds streams that are well-formed record by
 // record but wrong as a round.
 func TestStoreRejectsBadRounds(t *testing.T) {
-	begin := record{typ: recBegin, count: version, pid: kindRound, addr: 1}
+	begin := roundBegin(&testHash, 1)
 	tests := []struct {
 		name  string
 		build func(e *encoder)
@@ -204,7 +205,7 @@ func TestFinalBuilder(t *testing.T) {
 	const a = 0x400000
 	held := map[pageLoc][]byte{}
 	var e encoder
-	e.single(record{typ: recBegin, count: version, pid: kindRound, addr: 1})
+	e.single(roundBegin(&testHash, 1))
 	for i := uint64(0); i < 8; i++ {
 		p := filled(i + 100)
 		e.page(recData, 5, a+i*PageSize, 0, 0, p)
@@ -227,7 +228,7 @@ func TestFinalBuilder(t *testing.T) {
 	fresh, other := filled(7), filled(8)
 	img1 := [][]byte{held[pageLoc{5, a}], held[pageLoc{5, a + PageSize}], fresh, zeroPage[:], held[pageLoc{5, a + 7*PageSize}], held[pageLoc{5, a + 5*PageSize}]}
 	img2 := [][]byte{held[pageLoc{5, a + 6*PageSize}], other}
-	hash := newPageHasher()
+	hash := testHash
 	digest := func(pages [][]byte) uint64 {
 		d := xxhash.New()
 		for _, p := range pages {
@@ -258,38 +259,40 @@ func TestFinalBuilder(t *testing.T) {
 		return f.buf
 	}
 
-	// mismatched: the delta fails its digest check.
-	mismatched := func(t *testing.T, delta []byte) {
+	// mismatched: the delta fails its digest check (ErrMismatch) or
+	// names another key than the round's (ErrCorrupt).
+	mismatched := func(t *testing.T, delta []byte, want error) {
 		s := storeAfterRound(t)
 		dir := filepath.Join(shmDir(t), "img")
 		os.Mkdir(dir, 0o755)
 		var st FinalStats
-		fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
+		fb := &finalBuilder{s: s, dir: dir, st: &st, kept: map[uint64][]keptRun{}}
 		err := fb.apply(newDecoder(bytes.NewReader(delta)))
 		fb.abandon()
-		if !errors.Is(err, ErrMismatch) {
-			t.Fatalf("got %v, want ErrMismatch", err)
+		if !errors.Is(err, want) {
+			t.Fatalf("got %v, want %v", err, want)
 		}
 	}
-	t.Run("digest mismatch", func(t *testing.T) { mismatched(t, build(digest(img1)^1, hash)) })
-	// The digests were taken under the source's key: the destination
-	// checks them under the key the begin record names, so a stream
-	// naming another fails.
-	t.Run("another key", func(t *testing.T) { mismatched(t, build(digest(img1), newPageHasher())) })
+	t.Run("digest mismatch", func(t *testing.T) { mismatched(t, build(digest(img1)^1, hash), ErrMismatch) })
+	// The digests were taken under the source's key, the one the rounds
+	// named: a final delta naming another fails.
+	t.Run("another key", func(t *testing.T) { mismatched(t, build(digest(img1), newPageHasher()), ErrCorrupt) })
 
 	s := storeAfterRound(t)
 	dir := filepath.Join(shmDir(t), "img")
 	os.Mkdir(dir, 0o755)
 	var st FinalStats
-	fb := &finalBuilder{s: s, dir: dir, st: &st, pending: map[uint32]linux.MemRange{}}
+	fb := &finalBuilder{s: s, dir: dir, st: &st, kept: map[uint64][]keptRun{}}
 	if err := fb.apply(newDecoder(bytes.NewReader(build(digest(img1), hash)))); !errors.Is(err, errStreamDone) {
 		t.Fatalf("rebuild: %v", err)
 	}
+	// The held pages (0, 1 and 5 of image 1) stay in the store.
+	written1 := [][]byte{img1[2], img1[3], img1[4]}
 	for _, c := range []struct {
 		name  string
 		pages [][]byte
 		mode  os.FileMode
-	}{{"pages-1.img", img1, 0o644}, {"pages-3.img", img2, 0o600}} {
+	}{{"pages-1.img", written1, 0o644}, {"pages-3.img", img2, 0o600}} {
 		got, err := os.ReadFile(filepath.Join(dir, c.name))
 		if err != nil {
 			t.Fatal(err)
@@ -305,10 +308,26 @@ func TestFinalBuilder(t *testing.T) {
 	if st != want {
 		t.Errorf("stats %+v, want %+v", st, want)
 	}
-	// Pages 0–5 of pid 5 were consumed; 6 and 7 (copy sources) remain.
+	wantKept := map[uint64][]keptRun{1: {{pos: 0, pid: 5, addr: a, count: 2}, {pos: 5, pid: 5, addr: a + 5*PageSize, count: 1}}}
+	if !maps.EqualFunc(fb.kept, wantKept, slices.Equal) {
+		t.Errorf("kept %v, want %v", fb.kept, wantKept)
+	}
+	// The store keeps its 8 pages: the restore reads the held ones there.
 	stored, err := s.StoredBytes()
-	if err != nil || stored != 2*PageSize {
-		t.Errorf("store keeps %d bytes (%v), want the 2 pages not consumed", stored, err)
+	if err != nil || stored != 8*PageSize {
+		t.Errorf("store keeps %d bytes (%v), want its 8 pages", stored, err)
+	}
+
+	// Image 1's pagemap: pages 0–3 at a, then 4 and 5 at a+4 pages
+	// (page 4 is the copy written there, page 5 held at a+5 pages).
+	writePagemap(t, filepath.Join(dir, "pagemap-5.img"), 1, []pmEntry{{addr: a, pages: 4, flags: pePresent}, {addr: a + 4*PageSize, pages: 2, flags: pePresent}})
+	if err := fb.linkParent(dir); err != nil {
+		t.Fatalf("link parent: %v", err)
+	}
+	if got := memoryOf(t, dir, "pagemap-5.img"); !maps.EqualFunc(got, map[uint64][]byte{
+		a: img1[0], a + PageSize: img1[1], a + 2*PageSize: img1[2], a + 3*PageSize: img1[3], a + 4*PageSize: img1[4], a + 5*PageSize: img1[5],
+	}, bytes.Equal) {
+		t.Errorf("pid 5's memory through the split pagemap and the parent is not image 1's")
 	}
 }
 
@@ -324,6 +343,8 @@ func (s *Store) applyRecords(buf []byte) error {
 			return err
 		}
 		switch r.typ {
+		case recBegin:
+			s.key(seedOf(r.addr, r.saddr))
 		case recData:
 			err = s.write(r.pid, r.addr, r.data)
 		case recZero:
