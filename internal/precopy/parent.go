@@ -37,7 +37,6 @@ func (b *finalBuilder) linkParent(imgDir string) error {
 		return fmt.Errorf("%w: parent image directory: %w", ErrCorrupt, err)
 	}
 	linked := map[uint32]bool{}
-	left := len(b.kept)
 	for _, e := range ents {
 		pid, ok, err := pagemapPID(e.Name())
 		if err != nil {
@@ -54,7 +53,6 @@ func (b *finalBuilder) linkParent(imgDir string) error {
 		if !did {
 			continue
 		}
-		left--
 		delete(b.kept, id)
 		if linked[pid] {
 			return fmt.Errorf("%w: two pagemaps of pid %d", ErrCorrupt, pid)
@@ -64,8 +62,8 @@ func (b *finalBuilder) linkParent(imgDir string) error {
 			return err
 		}
 	}
-	if left > 0 {
-		return fmt.Errorf("%w: %d pages images kept pages but have no pagemap", ErrCorrupt, left)
+	if len(b.kept) > 0 {
+		return fmt.Errorf("%w: %d pages images kept pages but have no pagemap", ErrCorrupt, len(b.kept))
 	}
 	return nil
 }
@@ -162,10 +160,14 @@ func splitPagemap(path string, pid uint32, kept map[uint64][]keptRun) (uint64, b
 	if err := os.WriteFile(tmp, out, 0o600); err != nil {
 		return id, false, err
 	}
-	if info, err := os.Stat(path); err == nil {
-		err = os.Chmod(tmp, info.Mode().Perm())
+	info, err := os.Stat(path)
+	if err == nil {
+		err = os.Chmod(tmp, info.Mode().Perm()) // not subject to the umask
 	}
-	if err := os.Rename(tmp, path); err != nil {
+	if err == nil {
+		err = os.Rename(tmp, path)
+	}
+	if err != nil {
 		os.Remove(tmp)
 		return id, false, err
 	}
