@@ -76,3 +76,31 @@ func Fdatasync(f *os.File) error {
 	}
 	return nil
 }
+
+// MapFile maps the first size bytes of f read-only and shared, for
+// reading a large file without copying it: the caller reads the page
+// cache itself. size must be positive; Unmap gives the mapping back
+// (closing f does not). A file that shrinks while mapped makes a read
+// past its new end fault (SIGBUS): callers read files nobody writes any
+// more, and turn such a fault into an error (debug.SetPanicOnFault).
+func MapFile(f *os.File, size int64) ([]byte, error) {
+	if size <= 0 || int64(int(size)) != size {
+		return nil, fmt.Errorf("map %s: invalid size %d", f.Name(), size)
+	}
+	b, err := unix.Mmap(int(f.Fd()), 0, int(size), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map %s: %w", f.Name(), err)
+	}
+	return b, nil
+}
+
+// Unmap gives back a mapping MapFile returned; nil is a no-op.
+func Unmap(b []byte) error {
+	if b == nil {
+		return nil
+	}
+	if err := unix.Munmap(b); err != nil {
+		return fmt.Errorf("unmap: %w", err)
+	}
+	return nil
+}

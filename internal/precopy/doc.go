@@ -27,7 +27,10 @@
 //
 // The final round (Source.SendFinal, Store.RebuildFinal) sends CRIU's
 // dump of the frozen container: each pages-*.img file page by page in its
-// order, as "you hold it at (pid, address)", the data or its XOR with
+// order (mapped, when larger than a read's chunk, so that its pages are
+// hashed and encoded from the page cache without a copy; the index of
+// pages held elsewhere is looked up only for pages not held at their own
+// address), as "you hold it at (pid, address)", the data or its XOR with
 // what the destination holds there, then every other
 // image as it is. The destination writes the pages files from the delta
 // and checks each against the source's digest, taken over all its pages;

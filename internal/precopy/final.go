@@ -8,9 +8,11 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"runtime/debug"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/transfer"
 )
 
@@ -80,9 +82,7 @@ func (s *Source) SendFinal(ctx context.Context, conn *transfer.Conn, imgDir stri
 	opts.Name = "precopy-final"
 	dst, err := conn.SendStream(ctx, fr, opts)
 	st.DeltaBytes = dst.WireBytes
-	if fr.file != nil {
-		fr.file.Close()
-	}
+	fr.closeImage()
 	if err != nil {
 		s.err = fmt.Errorf("%w: final delta: %w", ErrBroken, err)
 		return st, s.err
@@ -275,8 +275,12 @@ type finalReader struct {
 	begun bool
 	done  bool
 
-	// The image being read.
+	// The image being read; mem maps it when it is larger than one
+	// chunk, so that its pages are hashed and encoded from the page
+	// cache instead of copied out first (a smaller one is read: a
+	// mapping's set-up and teardown would cost more than the copy).
 	file   *os.File
+	mem    []byte
 	left   int64 // bytes of it still to read
 	runs   []pageRun
 	pos    uint64 // pages of runs[0] already read
@@ -313,9 +317,7 @@ func (r *finalReader) produce() error {
 	case r.file != nil && r.left > 0:
 		return r.readChunk()
 	case r.file != nil:
-		err := r.file.Close()
-		r.file = nil
-		if err != nil {
+		if err := r.closeImage(); err != nil {
 			return err
 		}
 		r.enc.single(record{typ: recFileEnd, count: uint32(r.pages), addr: r.digest.Sum64()})
@@ -338,7 +340,14 @@ func (r *finalReader) produce() error {
 			f.Close()
 			return fmt.Errorf("%s: %d pages is too many", im.path, pages)
 		}
-		r.file, r.left, r.runs, r.pos, r.pages = f, im.size, im.runs, 0, pages
+		var mem []byte
+		if im.size > int64(len(r.s.buf)) {
+			if mem, err = linux.MapFile(f, im.size); err != nil {
+				f.Close()
+				return err
+			}
+		}
+		r.file, r.mem, r.left, r.runs, r.pos, r.pages = f, mem, im.size, im.runs, 0, pages
 		r.digest = xxhash.New()
 		r.st.Images++
 		r.st.DumpBytes += im.size
@@ -347,18 +356,33 @@ func (r *finalReader) produce() error {
 	return nil
 }
 
-// readChunk reads the next chunk of the current image and encodes its
-// pages.
-func (r *finalReader) readChunk() error {
+// readChunk encodes the next chunk of the current image's pages. A page
+// that cannot be read (the image shrank under its mapping) is an error,
+// not a crash of the agent.
+func (r *finalReader) readChunk() (err error) {
 	s := r.s
 	n := int(min(r.left, int64(len(s.buf))))
-	if _, err := io.ReadFull(r.file, s.buf[:n]); err != nil {
+	chunk := s.buf[:n]
+	if r.mem != nil {
+		off := len(r.mem) - int(r.left)
+		chunk = r.mem[off : off+n]
+	} else if _, err := io.ReadFull(r.file, chunk); err != nil {
 		return fmt.Errorf("read %s: %w", r.file.Name(), err)
 	}
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if p := recover(); p != nil {
+			if f, ok := p.(interface{ Addr() uintptr }); ok {
+				err = fmt.Errorf("read %s: fault at %#x in its mapping (the image shrank?)", r.file.Name(), f.Addr())
+				return
+			}
+			panic(p)
+		}
+	}()
 	r.left -= int64(n)
 	var hb [8]byte
 	for off := 0; off < n; off += PageSize {
-		data := s.buf[off : off+PageSize]
+		data := chunk[off : off+PageSize]
 		h := s.hash.sum(data)
 		binary.LittleEndian.PutUint64(hb[:], h)
 		r.digest.Write(hb[:])
@@ -376,23 +400,37 @@ func (r *finalReader) readChunk() error {
 	return nil
 }
 
+// closeImage unmaps and closes the image being read, if any.
+func (r *finalReader) closeImage() error {
+	if r.file == nil {
+		return nil
+	}
+	err := errors.Join(linux.Unmap(r.mem), r.file.Close())
+	r.file, r.mem = nil, nil
+	return err
+}
+
 // page encodes one dumped page whose own address is loc (pid 0: none).
 func (r *finalReader) page(loc pageLoc, h uint64, data []byte) {
 	s, st := r.s, r.st
 	st.Pages++
 	m := s.held[loc.pid]
 	held, ok := m[loc.addr/PageSize]
-	switch src, okc := s.copySource(h, loc); {
+	switch {
 	case loc.pid != 0 && ok && held == h:
 		st.HeldPages++
 		r.enc.page(recHeld, loc.pid, loc.addr, 0, 0, nil)
 	case s.isZeroPage(data, h):
 		st.ZeroPages++
 		r.enc.page(recZero, loc.pid, loc.addr, 0, 0, nil)
-	case okc:
-		st.CopyPages++
-		r.enc.page(recCopy, loc.pid, loc.addr, src.pid, src.addr, nil)
 	default:
+		// Most pages are held where they are: the index is looked up
+		// only for the others.
+		if src, okc := s.copySource(h, loc); okc {
+			st.CopyPages++
+			r.enc.page(recCopy, loc.pid, loc.addr, src.pid, src.addr, nil)
+			break
+		}
 		st.DataPages++
 		if s.encodeData(&r.enc, loc, held, ok, data) {
 			st.XorPages++

@@ -19,7 +19,16 @@ import (
 // what the rounds stored, so a repeated page goes twice) and the rebuilt
 // directory still equals the dump. This is also what a migration gets
 // when it skips the rounds.
+//
+// The image is read in one chunk, and mapped and read in chunks of two
+// pages (the last one short).
 func TestFinalWithoutRounds(t *testing.T) {
+	for _, batch := range []int{0, 2 * PageSize} {
+		t.Run(fmt.Sprintf("batch=%d", batch), func(t *testing.T) { testFinalWithoutRounds(t, batch) })
+	}
+}
+
+func testFinalWithoutRounds(t *testing.T, batch int) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	dir := shmDir(t)
@@ -43,7 +52,7 @@ func TestFinalWithoutRounds(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	source, err := NewSource(Config{Pid: os.Getpid()})
+	source, err := NewSource(Config{Pid: os.Getpid(), BatchBytes: batch})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -325,5 +334,58 @@ func TestFinalFollowWatchSilent(t *testing.T) {
 	f.complete(t)
 	if f.early != 0 {
 		t.Errorf("%d images counted as early from a silent watch", f.early)
+	}
+}
+
+// TestFinalImageShrunkUnderItsMapping reads a pages image that shrinks
+// after it was mapped: the pages past its new end fault, and the final
+// delta fails with an error naming the image instead of crashing the
+// agent with SIGBUS.
+func TestFinalImageShrunkUnderItsMapping(t *testing.T) {
+	dir := shmDir(t)
+	var img []byte
+	for i := range 4 {
+		img = append(img, filled(uint64(i+1))...)
+	}
+	path := filepath.Join(dir, "pages-1.img")
+	if err := os.WriteFile(path, img, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	im, err := statPagesImage(dir, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Chunks of two pages: the image, larger, is mapped.
+	source, err := NewSource(Config{Pid: os.Getpid(), BatchBytes: 2 * PageSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gave := false
+	next := func() (pagesImage, bool, error) {
+		if gave {
+			return pagesImage{}, false, nil
+		}
+		gave = true
+		return im, true, nil
+	}
+	fr := &finalReader{s: source, ctx: context.Background(), next: next, st: &FinalStats{}}
+	defer fr.closeImage()
+	for fr.file == nil {
+		if err := fr.produce(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if fr.mem == nil {
+		t.Fatal("an image of 4 pages read in chunks of 2 was not mapped")
+	}
+	if err := os.Truncate(path, PageSize); err != nil {
+		t.Fatal(err)
+	}
+	err = fr.produce()
+	if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), "fault") {
+		t.Fatalf("reading a shrunk image: %v, want a fault naming %s", err, path)
+	}
+	if fr.st.Pages != 1 {
+		t.Errorf("%d pages encoded before the fault, want the 1 still in the file", fr.st.Pages)
 	}
 }
