@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
 
@@ -170,25 +169,16 @@ func BenchmarkFinal(b *testing.B) {
 			b.Fatal(err)
 		}
 		src, dst := connPair(b, nil)
-		cpu0 := cpuTime(b)
+		cpu0 := testutil.CPUTime(b)
 		b.StartTimer()
 		f, rb := doFinal(b, context.Background(), source, store, src, dst, dump, filepath.Join(dir, "rebuilt"))
 		b.StopTimer()
 		// Both sides' CPU: on the testbed's two cores the frozen window
 		// is CPU-bound, so what the final costs there is its CPU time.
-		b.ReportMetric(float64((cpuTime(b) - cpu0).Milliseconds()), "cpu-ms")
+		b.ReportMetric(float64((testutil.CPUTime(b) - cpu0).Milliseconds()), "cpu-ms")
 		b.ReportMetric(float64(f.DumpBytes)/1e6/f.Duration.Seconds(), "send-MB/s")
 		b.ReportMetric(float64(f.DumpBytes)/1e6/rb.Duration.Seconds(), "rebuild-MB/s")
 		store.Close()
 		b.StartTimer()
 	}
-}
-
-// cpuTime is the CPU time this process has used, user and system.
-func cpuTime(tb testing.TB) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		tb.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

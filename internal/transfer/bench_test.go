@@ -9,24 +9,16 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"syscall"
 	"testing"
 	"time"
-)
 
-// cpuTime is this process's user+system CPU time so far.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+	"github.com/edgehop/edgehop/internal/testutil"
+)
 
 // reportCPU reports CPU seconds spent per GB moved, both ends together
 // (they run in this process), kernel time included.
 func reportCPU(b *testing.B, start time.Duration, bytes int64) {
-	b.ReportMetric((cpuTime(b)-start).Seconds()/(float64(bytes)/1e9), "cpu-s/GB")
+	b.ReportMetric((testutil.CPUTime(b)-start).Seconds()/(float64(bytes)/1e9), "cpu-s/GB")
 }
 
 var benchMB = flag.Int("transfer.bench-mb", 64, "MiB moved per benchmark iteration (use 1024 for the 1 GB figure)")
@@ -79,7 +71,7 @@ func BenchmarkDirOverTLS(b *testing.B) {
 				ctx := context.Background()
 				b.SetBytes(int64(size))
 				var st Stats
-				cpu0, moved := cpuTime(b), int64(0)
+				cpu0, moved := testutil.CPUTime(b), int64(0)
 				for i := 0; b.Loop(); i++ {
 					dst := filepath.Join(root, fmt.Sprintf("dst-%d", i))
 					done := make(chan error, 1)
@@ -96,9 +88,9 @@ func BenchmarkDirOverTLS(b *testing.B) {
 					}
 					moved += int64(size)
 					b.StopTimer()
-					cpu1 := cpuTime(b)
+					cpu1 := testutil.CPUTime(b)
 					os.RemoveAll(dst)
-					cpu0 += cpuTime(b) - cpu1 // removal is not transfer work
+					cpu0 += testutil.CPUTime(b) - cpu1 // removal is not transfer work
 					b.StartTimer()
 				}
 				reportCPU(b, cpu0, moved)
@@ -122,7 +114,7 @@ func BenchmarkStreamOverTLS(b *testing.B) {
 			srv, cli := tlsPair(b, dirs, "dst", "src")
 			ctx := context.Background()
 			b.SetBytes(int64(size))
-			cpu0, moved := cpuTime(b), int64(0)
+			cpu0, moved := testutil.CPUTime(b), int64(0)
 			for b.Loop() {
 				done := make(chan error, 1)
 				go func() {
@@ -162,7 +154,7 @@ func BenchmarkTunnelOverTLS(b *testing.B) {
 			})
 			tun, _, _ := startTunnel(b, context.Background(), target, "tok", tokenCheck("tok"))
 			b.SetBytes(int64(size))
-			cpu0, moved := cpuTime(b), int64(0)
+			cpu0, moved := testutil.CPUTime(b), int64(0)
 			for b.Loop() {
 				c, err := net.DialTCP("tcp", nil, tun.Addr())
 				if err != nil {
