@@ -107,6 +107,9 @@ type Journal struct {
 	dir string
 	mu  sync.Mutex // serialises writes of one record after another
 	now func() time.Time
+	// terminated holds the logs this process appended to, known to end
+	// in a newline (under mu).
+	terminated map[string]bool
 }
 
 // Open opens (creating) the journal in dir.
@@ -114,7 +117,20 @@ func Open(dir string) (*Journal, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
-	return &Journal{dir: dir, now: time.Now}, nil
+	return &Journal{dir: dir, now: time.Now, terminated: map[string]bool{}}, nil
+}
+
+// terminateTorn returns line prefixed with a newline when the log f, of
+// size bytes, does not end in one (its last line was torn).
+func terminateTorn(f *os.File, size int64, line []byte) ([]byte, error) {
+	var last [1]byte
+	if _, err := f.ReadAt(last[:], size-1); err != nil {
+		return nil, err
+	}
+	if last[0] == '\n' {
+		return line, nil
+	}
+	return append([]byte{'\n'}, line...), nil
 }
 
 // Dir is where the records live.
@@ -152,12 +168,20 @@ func (j *Journal) Put(r Record) (Record, error) {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	path := j.path(r.ID)
-	_, statErr := os.Stat(path)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	st, statErr := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {
 		return r, fmt.Errorf("journal %s: %w", r.ID, err)
 	}
-	_, err = f.Write(line)
+	if statErr == nil && st.Size() > 0 && !j.terminated[r.ID] {
+		// A crash may have torn the log's last line: the line appended
+		// now must not run on from it, or both fail their checksum.
+		// Checked once per log and process: later appends end in '\n'.
+		line, err = terminateTorn(f, st.Size(), line)
+	}
+	if err == nil {
+		_, err = f.Write(line)
+	}
 	if err == nil {
 		err = linux.Fdatasync(f)
 	}
@@ -168,8 +192,11 @@ func (j *Journal) Put(r Record) (Record, error) {
 		err = linux.SyncDir(j.dir)
 	}
 	if err != nil {
+		// A failed write may have left part of the line.
+		delete(j.terminated, r.ID)
 		return r, fmt.Errorf("journal %s: %w", r.ID, err)
 	}
+	j.terminated[r.ID] = true
 	return r, nil
 }
 
@@ -267,12 +294,40 @@ func Decode(b []byte) (Record, error) {
 // List returns every readable record, oldest first, and the joined errors
 // of files that are not valid records (left in place for an operator).
 func (j *Journal) List() ([]Record, error) {
+	out, bad, err := j.Scan()
+	if err != nil {
+		return nil, err
+	}
+	var errs []error
+	for _, b := range bad {
+		errs = append(errs, fmt.Errorf("%s: %w", filepath.Base(b.Path), b.Err))
+	}
+	return out, errors.Join(errs...)
+}
+
+// Unreadable is a migration's log that holds no valid record: torn by a
+// failing disk, edited by hand, or unreadable (EIO, EMFILE). Nothing of
+// the migration it describes may be destroyed on its account: its
+// container and scratch data are kept for an operator, who removes the
+// log at Path once settled (journal.Quarantined says how).
+type Unreadable struct {
+	ID   string
+	Path string
+	// Container is the container the log names, salvaged from any line
+	// even one failing its checksum; "" when none could be read, and
+	// then every migration's leftovers must be kept.
+	Container string
+	Err       error
+}
+
+// Scan returns every readable record, oldest first, and each log that
+// holds none. err is set only when the journal's directory itself cannot
+// be read.
+func (j *Journal) Scan() (recs []Record, bad []Unreadable, err error) {
 	ents, err := os.ReadDir(j.dir)
 	if err != nil {
-		return nil, fmt.Errorf("journal: %w", err)
+		return nil, nil, fmt.Errorf("journal: %w", err)
 	}
-	var out []Record
-	var errs []error
 	for _, e := range ents {
 		id, ok := strings.CutSuffix(e.Name(), logSuffix)
 		if !ok || !e.Type().IsRegular() {
@@ -280,13 +335,35 @@ func (j *Journal) List() ([]Record, error) {
 		}
 		r, err := j.Get(id)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", e.Name(), err))
+			u := Unreadable{ID: id, Path: j.path(id), Err: err}
+			if b, rerr := os.ReadFile(u.Path); rerr == nil {
+				u.Container = salvageContainer(b)
+			}
+			bad = append(bad, u)
 			continue
 		}
-		out = append(out, r)
+		recs = append(recs, r)
 	}
-	sort.Slice(out, func(a, b int) bool { return out[a].Started.Before(out[b].Started) })
-	return out, errors.Join(errs...)
+	sort.Slice(recs, func(a, b int) bool { return recs[a].Started.Before(recs[b].Started) })
+	return recs, bad, nil
+}
+
+var containerRE = regexp.MustCompile(`"container":"([a-zA-Z0-9][a-zA-Z0-9_.-]{0,62})"`)
+
+// salvageContainer finds the container a damaged log names, "" when its
+// lines name none or disagree.
+func salvageContainer(b []byte) string {
+	if len(b) > maxLogBytes {
+		b = b[:maxLogBytes]
+	}
+	name := ""
+	for _, m := range containerRE.FindAllSubmatch(b, -1) {
+		if name != "" && name != string(m[1]) {
+			return ""
+		}
+		name = string(m[1])
+	}
+	return name
 }
 
 // Prune removes records of ended migrations beyond the newest keep ones.
@@ -309,6 +386,9 @@ func (j *Journal) Prune(keep int) error {
 		if err := os.Remove(j.path(ended[i].ID)); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			errs = append(errs, err)
 		}
+		j.mu.Lock()
+		delete(j.terminated, ended[i].ID)
+		j.mu.Unlock()
 	}
 	kept := map[string]bool{}
 	for _, r := range rs {

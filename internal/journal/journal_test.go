@@ -156,6 +156,94 @@ func TestTornAppend(t *testing.T) {
 	}
 }
 
+// A record appended after a torn last line, by the agent that restarts
+// after the crash that tore it, is read: it does not run on from the torn
+// line.
+func TestAppendAfterTornLine(t *testing.T) {
+	dir := t.TempDir()
+	j, err := Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := NewID()
+	for _, p := range []migration.Phase{migration.Preparing, migration.Frozen} {
+		if _, err := j.Put(rec(id, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(dir, id+".log")
+	whole, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitAfter(string(whole), "\n")
+	if err := os.WriteFile(path, []byte(lines[0]+lines[1][:len(lines[1])/2]), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	j2, err := Open(dir) // the restarted agent's
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := j2.Get(id); err != nil || r.Phase != migration.Preparing {
+		t.Fatalf("torn log: %v, %v; want phase preparing", r.Phase, err)
+	}
+	for _, p := range []migration.Phase{migration.RolledBack, migration.Done} {
+		if _, err := j2.Put(rec(id, p)); err != nil {
+			t.Fatal(err)
+		}
+		if r, err := j2.Get(id); err != nil || r.Phase != p {
+			t.Fatalf("after appending %s past a torn line: %v, %v", p, r.Phase, err)
+		}
+	}
+}
+
+// Scan names each log that holds no valid record and the container it
+// mentions, salvaged from lines that fail their checksum.
+func TestScanSalvagesUnreadable(t *testing.T) {
+	j, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	good, bad, none := NewID(), NewID(), NewID()
+	for _, id := range []string{good, bad} {
+		if _, err := j.Put(rec(id, migration.Committed)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	path := filepath.Join(j.Dir(), bad+".log")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[3] ^= 1 // the checksum
+	if err := os.WriteFile(path, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(j.Dir(), none+".log"), []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	recs, unreadable, err := j.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(recs) != 1 || recs[0].ID != good {
+		t.Fatalf("readable records %+v, want only %s", recs, good)
+	}
+	got := map[string]string{}
+	for _, u := range unreadable {
+		if !errors.Is(u.Err, ErrInvalid) {
+			t.Errorf("%s: error %v, want ErrInvalid", u.ID, u.Err)
+		}
+		got[u.ID] = u.Container
+	}
+	if len(got) != 2 || got[bad] != "redis" || got[none] != "" {
+		t.Fatalf("unreadable logs %v, want %s naming redis and %s naming none", got, bad, none)
+	}
+	if _, err := j.List(); err == nil {
+		t.Fatal("List hid the unreadable logs")
+	}
+}
+
 func FuzzDecodeLog(f *testing.F) {
 	j, err := Open(f.TempDir())
 	if err != nil {
