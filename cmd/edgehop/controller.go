@@ -77,11 +77,17 @@ func runController(ctx context.Context, args []string) error {
 			return p
 		})
 	}
+	token, err := controller.LoadOrCreateToken(fc.TokenPath())
+	if err != nil {
+		return err
+	}
 	ol, err := net.Listen("tcp", fc.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", fc.Listen, err)
 	}
-	servers := []*http.Server{{Handler: c.Handler(), ReadHeaderTimeout: 10 * time.Second}}
+	hosts := controller.LoopbackHosts(ol.Addr().String(), append(controller.LoopbackHosts(fc.Listen), fc.Hosts...)...)
+	errLog := slog.NewLogLogger(log.Handler(), slog.LevelDebug)
+	servers := []*http.Server{controller.NewServer(c.Handler(controller.Auth{Token: token, Hosts: hosts}), errLog)}
 	listeners := []net.Listener{ol}
 	if fc.AgentListen != "" {
 		tlsCfg, err := pki.ServerConfig(fc.TLSDir)
@@ -98,8 +104,7 @@ func runController(ctx context.Context, args []string) error {
 		if err != nil {
 			return fmt.Errorf("agent listener %s: %w", fc.AgentListen, err)
 		}
-		servers = append(servers, &http.Server{Handler: c.AgentHandler(), ReadHeaderTimeout: 10 * time.Second,
-			ErrorLog: slog.NewLogLogger(log.Handler(), slog.LevelDebug)})
+		servers = append(servers, controller.NewServer(c.AgentHandler(), errLog))
 		listeners = append(listeners, tls.NewListener(al, tlsCfg))
 	}
 	errc := make(chan error, len(servers)+1)
@@ -113,7 +118,7 @@ func runController(ctx context.Context, args []string) error {
 	rctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() { errc <- c.Run(rctx) }()
-	log.Info("controller ready", "listen", fc.Listen, "agents", fc.AgentListen)
+	log.Info("controller ready", "listen", fc.Listen, "agents", fc.AgentListen, "token_file", fc.TokenPath())
 	select {
 	case <-ctx.Done():
 	case err = <-errc:

@@ -27,27 +27,41 @@ func init() {
 
 // ctlFlags are the flags of the commands that talk to the controller.
 type ctlFlags struct {
-	tb  tbFlags
-	url string
+	tb         tbFlags
+	url, token string
 }
 
 func (f *ctlFlags) register(fs *flag.FlagSet) {
 	f.tb.register(fs)
 	fs.StringVar(&f.url, "controller", envOr("EDGEHOP_CONTROLLER", ""), "controller URL (default: the testbed's; env EDGEHOP_CONTROLLER)")
+	fs.StringVar(&f.token, "token", envOr("EDGEHOP_CONTROLLER_TOKEN", ""),
+		"the controller's API token (default: read from the testbed's token file; env EDGEHOP_CONTROLLER_TOKEN, which other users cannot see in ps)")
 }
 
+// client authenticates with --token, else with the testbed's token when
+// the controller is the testbed's.
 func (f *ctlFlags) client() (*controller.Client, error) {
-	if f.url != "" {
-		return controller.NewClient(f.url), nil
+	if f.url != "" && f.token != "" {
+		return controller.NewClient(f.url, f.token), nil
 	}
 	st, err := f.tb.load()
+	if f.url != "" {
+		tok := ""
+		if err == nil && strings.TrimRight(st.Controller.URL, "/") == strings.TrimRight(f.url, "/") {
+			tok, _ = st.Controller.Token()
+		}
+		return controller.NewClient(f.url, tok), nil // no token: the controller's 401 says how to get one
+	}
 	if err != nil {
 		return nil, err
 	}
 	if st.Controller.URL == "" {
 		return nil, fmt.Errorf("testbed %s runs no controller; give --controller URL", st.Name)
 	}
-	return controller.NewClient(st.Controller.URL), nil
+	if f.token != "" {
+		return controller.NewClient(st.Controller.URL, f.token), nil
+	}
+	return st.Controller.Client()
 }
 
 func ctlCommand(name string, args []string, extra func(fs *flag.FlagSet)) (*controller.Client, *flag.FlagSet, bool, error) {

@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/controller"
 	"github.com/edgehop/edgehop/internal/testbed"
 	"github.com/edgehop/edgehop/internal/units"
 )
@@ -161,6 +162,12 @@ func printStatus(st *testbed.State) {
 	fmt.Fprintf(w, "testbed %s\toverlay %s\tgateway %s\n", st.Name, st.Overlay, st.Gateway)
 	if st.Controller.URL != "" {
 		fmt.Fprintf(w, "controller %s\t(dashboard and API)\n", st.Controller.URL)
+		if tok, err := st.Controller.Token(); err == nil {
+			fmt.Fprintf(w, "dashboard %s\t(login link: sets a cookie)\n", controller.LoginURL(st.Controller.URL, tok))
+			fmt.Fprintf(w, "token file %s\t(API: Authorization: Bearer <token>)\n", st.Controller.TokenFile)
+		} else {
+			fmt.Fprintf(w, "token\t%v\n", err)
+		}
 	}
 	fmt.Fprintln(w, "ROLE\tNAME\tNETNS\tADDRESS\tRATE\tDELAY\tJITTER\tLOSS\tAGENT PID\tAP")
 	row := func(role string, m testbed.Member) {

@@ -19,13 +19,14 @@ import (
 
 // Client talks to a controller's operator API. Safe for concurrent use.
 type Client struct {
-	base string
-	hc   *http.Client
+	base, token string
+	hc          *http.Client
 }
 
-// NewClient returns a client for the controller at base (http://host:port).
-func NewClient(base string) *Client {
-	return &Client{base: base, hc: &http.Client{Timeout: 30 * time.Second}}
+// NewClient returns a client for the controller at base (http://host:port)
+// that authenticates with token (see Auth).
+func NewClient(base, token string) *Client {
+	return &Client{base: base, token: token, hc: &http.Client{Timeout: 30 * time.Second}}
 }
 
 func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
@@ -41,7 +42,12 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if err != nil {
 		return err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.token)
+	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
 		return fmt.Errorf("%w: controller at %s unreachable (%v); is the testbed up ('edgehop testbed status')?", api.ErrUnavailable, c.base, err)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -15,9 +16,17 @@ import (
 // FileConfig is the controller's configuration file (`edgehop controller
 // --config FILE`); the testbed writes one.
 type FileConfig struct {
-	// Listen serves the operator API and the dashboard (plain HTTP: bind
-	// it to loopback or put it behind a proxy).
+	// Listen serves the operator API and the dashboard (plain HTTP, every
+	// request authenticated with the token: bind it to loopback or put it
+	// behind a TLS proxy named in Hosts).
 	Listen string `json:"listen"`
+	// TokenFile keeps the operator API's token (mode 0600; made at first
+	// start). Empty: TokenFileName beside DB.
+	TokenFile string `json:"token_file,omitempty"`
+	// Hosts are further Host header values (host:port) the operator API
+	// answers to, beside the listen address and localhost, 127.0.0.1 and
+	// [::1] at its port: the names of a proxy in front of it.
+	Hosts []string `json:"hosts,omitempty"`
 	// AgentListen serves the agents' heartbeats over mutual TLS with the
 	// certificate in TLSDir (named "controller"); AgentNetNS, when set,
 	// is the network namespace (path) to open it in.
@@ -54,6 +63,17 @@ func (c FileConfig) Validate() error {
 	if c.DB == "" || (c.DB != ":memory:" && !filepath.IsAbs(c.DB)) {
 		errs = append(errs, fmt.Errorf("db %q: want an absolute path", c.DB))
 	}
+	if c.TokenFile != "" && !filepath.IsAbs(c.TokenFile) {
+		errs = append(errs, fmt.Errorf("token_file %q: want an absolute path", c.TokenFile))
+	}
+	if c.TokenFile == "" && c.DB == ":memory:" {
+		errs = append(errs, errors.New("token_file is needed with db :memory: (no state directory)"))
+	}
+	for _, h := range c.Hosts {
+		if _, _, err := net.SplitHostPort(h); err != nil {
+			errs = append(errs, fmt.Errorf("hosts: %q: want host:port", h))
+		}
+	}
 	if c.AgentListen != "" && c.TLSDir == "" {
 		errs = append(errs, errors.New("agent_listen needs tls_dir"))
 	}
@@ -66,6 +86,14 @@ func (c FileConfig) Validate() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// TokenPath is the token file: TokenFile, or TokenFileName beside DB.
+func (c FileConfig) TokenPath() string {
+	if c.TokenFile != "" {
+		return c.TokenFile
+	}
+	return filepath.Join(filepath.Dir(c.DB), TokenFileName)
 }
 
 // LoadFileConfig reads a configuration file.

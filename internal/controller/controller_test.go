@@ -169,14 +169,9 @@ func TestDeadNodeNotChosen(t *testing.T) {
 
 func TestAPIAndOpenAPI(t *testing.T) {
 	c, _ := newTestController(t, ":memory:")
-	srv := httptest.NewServer(c.Handler())
-	defer srv.Close()
+	srv, tok := serveAPI(t, c)
 	post := func(path, body string) *http.Response {
-		r, err := http.Post(srv.URL+path, "application/json", strings.NewReader(body))
-		if err != nil {
-			t.Fatal(err)
-		}
-		return r
+		return do(t, "POST", srv.URL+path, "application/json", body, "Bearer "+tok)
 	}
 	if r := post("/v1/users", `{"name":"bob","pos":{"x":10,"y":0}}`); r.StatusCode != http.StatusCreated {
 		t.Fatalf("add user: %s", r.Status)
@@ -198,10 +193,7 @@ func TestAPIAndOpenAPI(t *testing.T) {
 	if err := json.NewDecoder(r.Body).Decode(&mr); err != nil || mr.Handoff == nil || mr.Handoff.ToAP != "ap2" {
 		t.Fatalf("move: %+v %v", mr, err)
 	}
-	resp, err := http.Get(srv.URL + "/openapi.json")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := do(t, "GET", srv.URL+"/openapi.json", "", "", "Bearer "+tok)
 	var doc map[string]any
 	if err := json.NewDecoder(resp.Body).Decode(&doc); err != nil {
 		t.Fatal(err)
@@ -213,10 +205,7 @@ func TestAPIAndOpenAPI(t *testing.T) {
 			t.Errorf("route %s %s missing from openapi.json", rt.method, rt.path)
 		}
 	}
-	resp, err = http.Get(srv.URL + "/v1/handoffs?limit=5")
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp = do(t, "GET", srv.URL+"/v1/handoffs?limit=5", "", "", "Bearer "+tok)
 	var es []store.Entry
 	if err := json.NewDecoder(resp.Body).Decode(&es); err != nil || len(es) != 2 {
 		t.Errorf("handoffs: %d, %v", len(es), err)

@@ -20,7 +20,11 @@
 // (Engine.Memory; a group's is its members' sum), the operator's declared
 // memory only until one is reported. Handler serves the operator API
 // (described at /openapi.json), the dashboard and a server-sent event
-// stream; AgentHandler serves the agents' heartbeats over mutual TLS.
+// stream, each request checked by Auth: the controller's token (kept by
+// LoadOrCreateToken in a file of mode 0600 beside the DB) as a bearer
+// token or the cookie GET /login sets, a Host naming the listener (DNS
+// rebinding), no foreign Origin and a JSON body (a web page's no-cors
+// POST); AgentHandler serves the agents' heartbeats over mutual TLS.
 //
 // It must not reach into nodes: agents own their containers.
 package controller

@@ -23,6 +23,7 @@ func openAPI(routes []route) map[string]any {
 				"200": map[string]any{"description": "success", "content": jsonContent(rt.response, schemas)},
 				"400": errResponse("invalid request: the message says which field and why"),
 				"404": errResponse("no such user, service or node"),
+				"401": errResponse("no token, or a wrong one: the message says how to authenticate"),
 			},
 		}
 		if rt.method == "POST" && strings.Count(rt.path, "/") == 2 {
@@ -55,13 +56,15 @@ func openAPI(routes []route) map[string]any {
 		item[strings.ToLower(rt.method)] = op
 	}
 	schemas["Error"] = map[string]any{"type": "object", "properties": map[string]any{
-		"error": map[string]any{"type": "string"}, "code": map[string]any{"type": "string", "enum": []string{"invalid", "not_found", "forbidden", "internal"}}}}
+		"error": map[string]any{"type": "string"}, "code": map[string]any{"type": "string", "enum": []string{"invalid", "not_found", "forbidden", "unauthenticated", "misdirected", "unsupported_media_type", "internal"}}}}
 	return map[string]any{
 		"openapi": "3.1.0",
 		"info": map[string]any{"title": "edgehop controller", "version": "1",
-			"description": "Topology, users, services and their policies; decisions, handoffs and migrations with their history. Errors are {\"error\", \"code\"}."},
+			"description": "Topology, users, services and their policies; decisions, handoffs and migrations with their history. Errors are {\"error\", \"code\"}. " +
+				"Every request needs the controller's token (Authorization: Bearer, or the cookie GET /login?token= sets), an allowed Host, no foreign Origin, and a JSON body."},
 		"paths":      paths,
-		"components": map[string]any{"schemas": schemas},
+		"components": map[string]any{"schemas": schemas, "securitySchemes": map[string]any{"bearer": map[string]any{"type": "http", "scheme": "bearer"}}},
+		"security":   []any{map[string]any{"bearer": []any{}}},
 	}
 }
 

@@ -172,22 +172,31 @@ func (c *Controller) stream(w http.ResponseWriter, r *http.Request) {
 	}
 	ch, stop := c.events.subscribe()
 	defer stop()
+	// The server's read and write timeouts are for requests that end: a
+	// stream has no read deadline (a client gone shows as a failed write
+	// or a closed connection) and a write deadline a ping ahead.
+	rc := http.NewResponseController(w)
+	_ = rc.SetReadDeadline(time.Time{})
+	extend := func() { _ = rc.SetWriteDeadline(time.Now().Add(2 * streamPing)) }
+	extend()
 	w.Header().Set("Content-Type", "text/event-stream")
 	w.Header().Set("Cache-Control", "no-cache")
 	w.WriteHeader(http.StatusOK)
 	fl.Flush()
-	ping := time.NewTicker(15 * time.Second)
+	ping := time.NewTicker(streamPing)
 	defer ping.Stop()
 	for {
 		select {
 		case <-r.Context().Done():
 			return
 		case msg := <-ch:
+			extend()
 			if _, err := fmt.Fprintf(w, "data: %s\n\n", msg); err != nil {
 				return
 			}
 			fl.Flush()
 		case <-ping.C:
+			extend()
 			if _, err := io.WriteString(w, ": ping\n\n"); err != nil {
 				return
 			}
@@ -196,8 +205,13 @@ func (c *Controller) stream(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// Handler is the operator API, the dashboard and /openapi.json.
-func (c *Controller) Handler() http.Handler {
+// streamPing is how often an idle event stream sends a comment line.
+var streamPing = 15 * time.Second
+
+// Handler is the operator API, the dashboard and /openapi.json, every
+// request checked by a (see Auth), and GET /login, which sets the
+// dashboard's cookie.
+func (c *Controller) Handler(a Auth) http.Handler {
 	mux := http.NewServeMux()
 	routes := c.routes()
 	for _, rt := range routes {
@@ -206,7 +220,7 @@ func (c *Controller) Handler() http.Handler {
 	doc := openAPI(routes)
 	mux.HandleFunc("GET /openapi.json", func(w http.ResponseWriter, r *http.Request) { writeJSON(w, http.StatusOK, doc) })
 	mux.Handle("GET /", http.FileServerFS(mustSub(web, "web")))
-	return mux
+	return a.wrap(mux)
 }
 
 // AgentHandler serves the agents' heartbeats; every request must carry a
@@ -280,6 +294,12 @@ func writeErr(w http.ResponseWriter, err error) {
 		status, code = http.StatusBadRequest, "invalid"
 	case errors.Is(err, errForbidden):
 		status, code = http.StatusForbidden, "forbidden"
+	case errors.Is(err, errUnauthenticated):
+		status, code = http.StatusUnauthorized, "unauthenticated"
+	case errors.Is(err, errMisdirected):
+		status, code = http.StatusMisdirectedRequest, "misdirected"
+	case errors.Is(err, errMediaType):
+		status, code = http.StatusUnsupportedMediaType, "unsupported_media_type"
 	}
 	writeJSON(w, status, api.Error{Code: code, Message: err.Error()})
 }

@@ -144,12 +144,24 @@ func (e *env) checkDashboard(t *testing.T, tb, dir string) {
 	}
 	var st struct {
 		Controller struct {
-			URL string `json:"url"`
+			URL       string `json:"url"`
+			TokenFile string `json:"token_file"`
 		} `json:"controller"`
 	}
 	out, _, err := e.run("testbed", "status", "--json", "--testbed", tb, "--root", e.root)
 	if err != nil || json.Unmarshal([]byte(out), &st) != nil || st.Controller.URL == "" {
 		t.Fatalf("controller URL: %v: %s", err, out)
+	}
+	tokb, err := os.ReadFile(st.Controller.TokenFile)
+	if err != nil {
+		t.Fatalf("controller token: %v", err)
+	}
+	tok := strings.TrimSpace(string(tokb))
+	// The operator API refuses a request without the token.
+	if resp, err := http.Get(st.Controller.URL + "/v1/migrations?limit=5"); err != nil || resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a request without the controller's token: %v %v, want 401", resp, err)
+	} else {
+		resp.Body.Close()
 	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
@@ -159,7 +171,9 @@ func (e *env) checkDashboard(t *testing.T, tb, dir string) {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		var ms []json.RawMessage
-		resp, err := http.Get(st.Controller.URL + "/v1/migrations?limit=5")
+		req, _ := http.NewRequest(http.MethodGet, st.Controller.URL+"/v1/migrations?limit=5", nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := http.DefaultClient.Do(req)
 		if err == nil {
 			_ = json.NewDecoder(resp.Body).Decode(&ms)
 			resp.Body.Close()
@@ -181,7 +195,7 @@ func (e *env) checkDashboard(t *testing.T, tb, dir string) {
 		}
 		defer os.RemoveAll(profile)
 		cmd := exec.Command(chromium, append([]string{"--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-			"--user-data-dir=" + profile, "--virtual-time-budget=5000"}, append(args, st.Controller.URL+"/?nostream")...)...)
+			"--user-data-dir=" + profile, "--virtual-time-budget=5000"}, append(args, st.Controller.URL+"/login?token="+tok+"&nostream")...)...)
 		var outb, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &outb, &errb
 		done := make(chan error, 1)

@@ -266,7 +266,10 @@ func Run(ctx context.Context, cfg Config) (rep *Report, err error) {
 			err = errors.Join(err, derr)
 		}
 	}()
-	ctl := controller.NewClient(st.Controller.URL)
+	ctl, err := st.Controller.Client()
+	if err != nil {
+		return nil, err
+	}
 	origin, dest := st.Nodes[0], st.Nodes[len(st.Nodes)-1]
 	client := st.Clients[0]
 

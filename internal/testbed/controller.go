@@ -3,6 +3,7 @@ package testbed
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -51,6 +52,7 @@ func prepareController(st *State, o Options, ca *pki.CA) (Proc, error) {
 		Listen: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), AgentListen: net.JoinHostPort(CoreVTEP.String(), strconv.Itoa(ControllerAgentPort)),
 		AgentNetNS: st.Core.NetNSPath, TLSDir: tlsDir, DB: filepath.Join(dir, "controller.db"), Topology: st.Spec.World(),
 		Agents: agents, Testbed: &controller.TestbedRef{Root: filepath.Dir(filepath.Dir(st.Dir)), Name: st.Name},
+		TokenFile: filepath.Join(dir, controller.TokenFileName),
 	}
 	if err := fc.Validate(); err != nil {
 		return Proc{}, fmt.Errorf("controller config: %w", err)
@@ -60,9 +62,26 @@ func prepareController(st *State, o Options, ca *pki.CA) (Proc, error) {
 	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
 		return Proc{}, err
 	}
-	st.Controller = ControllerRef{URL: "http://" + fc.Listen, AgentURL: agentControllerURL()}
+	st.Controller = ControllerRef{URL: "http://" + fc.Listen, AgentURL: agentControllerURL(), TokenFile: fc.TokenFile}
 	return Proc{Name: "controller", Args: []string{o.Binary, "controller", "--config", cfgPath},
 		Log: filepath.Join(dir, "controller.log"), PIDFile: filepath.Join(dir, "controller.pid")}, nil
+}
+
+// Token reads the operator API's token.
+func (r ControllerRef) Token() (string, error) {
+	if r.TokenFile == "" {
+		return "", errors.New("the testbed records no controller token file (made before the controller had one?)")
+	}
+	return controller.ReadToken(r.TokenFile)
+}
+
+// Client is a client of the controller's operator API with its token.
+func (r ControllerRef) Client() (*controller.Client, error) {
+	tok, err := r.Token()
+	if err != nil {
+		return nil, err
+	}
+	return controller.NewClient(r.URL, tok), nil
 }
 
 // freeLoopbackPort picks a port on 127.0.0.1 nobody listens on now.
@@ -75,17 +94,24 @@ func freeLoopbackPort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
-// waitController waits until the controller answers.
+// waitController waits until the controller has made its token and
+// answers a request carrying it.
 func waitController(ctx context.Context, st *State) error {
 	hc := &http.Client{Timeout: time.Second}
 	deadline := time.Now().Add(15 * time.Second)
 	pidFile := filepath.Join(st.controllerDir(), "controller.pid")
 	for {
-		resp, err := hc.Get(st.Controller.URL + "/v1/nodes")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
+		if tok, err := st.Controller.Token(); err == nil {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, st.Controller.URL+"/v1/nodes", nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer "+tok)
+			if resp, err := hc.Do(req); err == nil {
+				resp.Body.Close()
+				if resp.StatusCode == http.StatusOK {
+					return nil
+				}
 			}
 		}
 		if exited(pidFile) || time.Now().After(deadline) {

@@ -78,9 +78,12 @@ type State struct {
 
 // ControllerRef is where a testbed's controller serves.
 type ControllerRef struct {
-	URL      string `json:"url"`           // operator API and dashboard, from the root namespace
-	AgentURL string `json:"agent_url"`     // agents' heartbeats (mutual TLS), from the nodes
-	PID      int    `json:"pid,omitempty"` // filled by Status
+	URL      string `json:"url"`       // operator API and dashboard, from the root namespace
+	AgentURL string `json:"agent_url"` // agents' heartbeats (mutual TLS), from the nodes
+	// TokenFile keeps the operator API's bearer token (mode 0600, made
+	// by the controller at its first start).
+	TokenFile string `json:"token_file,omitempty"`
+	PID       int    `json:"pid,omitempty"` // filled by Status
 }
 
 // Errors callers branch on.
