@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/testbed"
 )
 
@@ -99,9 +100,16 @@ func runRun(ctx context.Context, args []string) error {
 	group := fs.String("group", "", "make it a member of GROUP, which migrates as one unit ('edgehop migrate GROUP --to N')")
 	after := fs.String("after", "", "members of its group it depends on, comma-separated: restored before it serves")
 	pod := fs.String("pod", "", "make it a member of POD, a group whose members share one network namespace and address (the first member's), on one node")
+	var capAdd multiFlag
+	fs.Var(&capAdd, "cap-add", "give it capability CAP_X beyond the default set, which lacks CAP_MKNOD and CAP_NET_RAW (repeatable; it keeps them when it migrates)")
 	asJSON := fs.Bool("json", false, "print the container as JSON")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	for _, c := range capAdd {
+		if _, err := runc.ParseCapability(c); err != nil {
+			return fmt.Errorf("%w: --cap-add: %v", errUsage, err)
+		}
 	}
 	var deps []string
 	if *after != "" {
@@ -148,7 +156,7 @@ func runRun(ctx context.Context, args []string) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env, Group: *group, After: deps, Pod: *pod})
+	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env, Group: *group, After: deps, Pod: *pod, CapAdd: capAdd})
 	if err != nil {
 		return err
 	}

@@ -125,14 +125,39 @@ func criuShim(cfg string) string {
 	return cfg
 }
 
+// makePrivateDirs makes each directory 0700 and takes group and other
+// permissions away from one that exists (an older agent made them 0755).
+// Root alone may traverse them: a container's root is the host's (no user
+// namespace), and its writable layer, under the containers directory on
+// the host's file system, may hold setuid files and device nodes it made.
+// Nothing else needs them: runc and CRIU run as root (with other real ids
+// at most: runc.CheckpointOpts.RealIDs), and a container's processes reach
+// their root, volumes, /dev and /dev/shm through mounts, never through
+// these paths.
+func makePrivateDirs(dirs ...string) error {
+	for _, d := range dirs {
+		if err := os.MkdirAll(d, 0o700); err != nil {
+			return err
+		}
+		st, err := os.Stat(d)
+		if err != nil {
+			return err
+		}
+		if st.Mode().Perm()&0o077 != 0 {
+			if err := os.Chmod(d, st.Mode().Perm()&^0o077); err != nil {
+				return fmt.Errorf("make %s private: %w", d, err)
+			}
+		}
+	}
+	return nil
+}
+
 // Run sets up the node's overlay, serves the API until ctx is done, then
 // shuts down (containers keep running).
 func (a *Agent) Run(ctx context.Context) error {
 	a.runCtx = ctx
-	for _, d := range []string{a.cfg.StateDir, a.containersDir(), a.netnsDir(), a.imagesDir(), a.scratchDir()} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return err
-		}
+	if err := makePrivateDirs(a.cfg.StateDir, a.containersDir(), a.netnsDir(), a.imagesDir(), a.scratchDir()); err != nil {
+		return err
 	}
 	j, err := journal.Open(filepath.Join(a.cfg.StateDir, "journal"))
 	if err != nil {
@@ -268,11 +293,15 @@ func (a *Agent) Run(ctx context.Context) error {
 		}
 		otl = tls.NewListener(l, ocfg)
 	}
-	opSrv := &http.Server{Handler: a.operatorHandler(), ReadHeaderTimeout: 10 * time.Second}
-	opTLSSrv := &http.Server{Handler: operatorOnly(a.operatorHandler()), ReadHeaderTimeout: 10 * time.Second,
+	// The operator's requests include migrations that last as long as
+	// their state takes to cross and progress streams: no read or write
+	// timeout (a ReadTimeout cancels a handler's context when it passes).
+	// Every peer request is short.
+	opSrv := &http.Server{Handler: a.operatorHandler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute}
+	opTLSSrv := &http.Server{Handler: operatorOnly(a.operatorHandler()), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: 2 * time.Minute,
 		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
-	peerSrv := &http.Server{Handler: a.peerHandler(), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
+	peerSrv := &http.Server{Handler: a.peerHandler(), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 30 * time.Second, IdleTimeout: 2 * time.Minute, ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelDebug)}
 	errc := make(chan error, 3)
 	serve := func(srv *http.Server, l net.Listener) {
 		defer a.wg.Done()
@@ -322,6 +351,27 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
+// checkListed returns the entries of peer's endpoint list that pass the
+// checks its announcements get (checkAnnouncement): a list is what the
+// peer says of itself, only its own endpoints, at its own VTEP.
+func (a *Agent) checkListed(peer string, eps []api.Endpoint) []api.Endpoint {
+	var from Peer // the zero Peer runs no containers: nothing passes
+	for _, p := range a.cfg.Peers {
+		if p.Name == peer {
+			from = p
+		}
+	}
+	var ok []api.Endpoint
+	for _, e := range eps {
+		if err := a.checkAnnouncement(from, e); err != nil {
+			a.log.Warn("endpoint list entry refused", "peer", peer, "endpoint", e.Name, "err", err)
+			continue
+		}
+		ok = append(ok, e)
+	}
+	return ok
+}
+
 // syncPeers learns every peer's endpoints into the FDB, retrying peers
 // that are not up yet, until each answered once or ctx ends.
 func (a *Agent) syncPeers(ctx context.Context) {
@@ -338,7 +388,7 @@ func (a *Agent) syncPeers(ctx context.Context) {
 			if err != nil {
 				continue
 			}
-			for _, e := range eps {
+			for _, e := range a.checkListed(n, eps) {
 				if err := a.learnListed(e, asked); err != nil {
 					a.log.Warn("learn endpoint", "peer", n, "endpoint", e.Name, "err", err)
 				}

@@ -91,7 +91,16 @@ func (a *Agent) logPath(name string) string {
 
 // openLog opens the container's output file for appending, creating it.
 func (a *Agent) openLog(name string) (*os.File, error) {
-	return os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	// The service's output may hold what its users sent it: root only.
+	f, err := os.OpenFile(a.logPath(name), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err == nil {
+		err = f.Chmod(0o600) // a log an older agent made 0644
+		if err != nil {
+			f.Close()
+			f = nil
+		}
+	}
+	return f, err
 }
 func (a *Agent) cgroupsPath(name string) string {
 	// Unique per node on a shared host: the node's state dir is unique.
@@ -322,6 +331,10 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if r.Image == "" {
 		return api.Container{}, fmt.Errorf("%w: no image given", ErrInvalid)
 	}
+	caps, err := capAdd(r.CapAdd)
+	if err != nil {
+		return api.Container{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	if _, err := a.claim(r.Name, false); err != nil {
 		return api.Container{}, err
 	}
@@ -379,7 +392,7 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
 		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
 		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes,
-			ShmInLayer: true, Group: r.Group, After: r.After, PodNet: podNet}}
+			ShmInLayer: true, Group: r.Group, After: r.After, PodNet: podNet, CapAdd: caps}}
 	if err := checkProcess(m.Name, m.Process); err != nil {
 		return api.Container{}, fmt.Errorf("%w: image %q or request: %v", ErrInvalid, r.Image, err)
 	}
@@ -389,7 +402,9 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 			a.destroy(context.WithoutCancel(ctx), r.Name)
 		}
 	}()
-	if err := os.MkdirAll(a.dir(r.Name), 0o755); err != nil {
+	// 0700: its writable layer, on the host's file system, may hold
+	// setuid files and device nodes the container's root made.
+	if err := os.MkdirAll(a.dir(r.Name), 0o700); err != nil {
 		return api.Container{}, err
 	}
 	// /dev in the layer too, where device nodes work.
@@ -443,6 +458,10 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	a.containers[r.Name] = c
 	a.mu.Unlock()
 	if !m.joined() {
+		// The address may have served another container that lived or
+		// went elsewhere: the bridge's learned entry for its MAC would
+		// send the new one's frames out over the overlay until it ages.
+		a.pinHere(c, time.Now())
 		actx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		defer cancel()
 		if aerr := a.announce(actx, a.endpoint(c), false); aerr != nil {
@@ -499,6 +518,13 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 		UID: m.UID, GID: m.GID, Groups: m.Groups, Mounts: a.volumeMounts(m),
 		NetNSPath: a.nsPath(m.netOwner()), CgroupsPath: a.cgroupsPath(m.Name),
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
+	// The same set on the source and, from the migrated Process, on the
+	// destination (checkProcess has checked the names).
+	caps, err := runc.WithCapabilities(m.CapAdd)
+	if err != nil {
+		return s, err
+	}
+	s.Capabilities = caps
 	if m.ShmInLayer {
 		s.ShmDir = a.inLayer(m.Name, migration.ShmDir)
 	}
@@ -548,7 +574,9 @@ func (a *Agent) writeMeta(m meta) error {
 	if err != nil {
 		return err
 	}
-	return linux.WriteFileAtomic(filepath.Join(a.dir(m.Name), "meta.json"), b, 0o644)
+	// Durable: a restart decides from it whether the container is this
+	// node's (pendingRecoveries).
+	return linux.WriteFileDurable(filepath.Join(a.dir(m.Name), "meta.json"), b, 0o644)
 }
 
 // destroy removes every trace of a container on this node; errors are
@@ -688,7 +716,7 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 func (a *Agent) describe(ctx context.Context, c *container) api.Container {
 	out := api.Container{Name: c.meta.Name, Node: a.cfg.Node, Image: c.meta.Image, IP: c.meta.IP, MAC: c.meta.MAC,
 		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown", User: c.meta.User, Ports: c.meta.Ports,
-		Group: c.meta.Group, After: c.meta.After}
+		Group: c.meta.Group, After: c.meta.After, CapAdd: c.meta.CapAdd}
 	if c.meta.PodNet != "" {
 		out.Pod = c.meta.Group
 		if c.meta.joined() {

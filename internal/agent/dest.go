@@ -1221,11 +1221,13 @@ func (a *Agent) pinHere(c *container, at time.Time) {
 	}
 }
 
-// adopt records a committed incoming container as this node's own.
+// adopt records a committed incoming container as this node's own. A
+// failed write is logged: the journal's Done, written after, is what a
+// restart reads (pendingRecoveries adopts it then).
 func (a *Agent) adopt(c *container) {
 	c.meta.Incoming = false
 	if err := a.writeMeta(c.meta); err != nil {
-		a.log.Warn("record committed container", "container", c.meta.Name, "err", err)
+		a.log.Error("record committed container (a restart adopts it from the journal)", "container", c.meta.Name, "err", err)
 	}
 	a.mu.Lock()
 	a.containers[c.meta.Name] = c

@@ -141,3 +141,60 @@ func FuzzLayerDelta(f *testing.F) {
 		}
 	})
 }
+
+// FuzzPeerMessages decodes the control messages a peer sends after the
+// Prepare as both sides do (peerMessage.as): strictly, so whatever
+// decodes re-encodes to a body that decodes to the same value, and an
+// abort's reason is bounded.
+func FuzzPeerMessages(f *testing.F) {
+	types := []struct {
+		typ string
+		new func() any
+	}{
+		{migration.MsgPrepared, func() any { return &migration.ReadyNotice{} }},
+		{migration.MsgLiveLayer, func() any { return &migration.LiveLayer{} }},
+		{migration.MsgRound, func() any { return &migration.RoundStart{} }},
+		{migration.MsgStored, func() any { return &migration.RoundStart{} }},
+		{migration.MsgFrozen, func() any { return &migration.FreezeNotice{} }},
+		{migration.MsgSwitched, func() any { return &migration.Switched{} }},
+	}
+	for i, tc := range types {
+		b, _ := json.Marshal(tc.new())
+		f.Add(uint8(i), b)
+	}
+	f.Add(uint8(5), []byte(`{"network_ms":3,"held":2}`))
+	f.Add(uint8(0), []byte(`{"unknown":1}`))
+	f.Add(uint8(255), []byte(`{"reason":"`+strings.Repeat("x", 5000)+`"}`))
+	f.Fuzz(func(t *testing.T, which uint8, body []byte) {
+		if int(which) >= len(types) {
+			err := peerMessage{typ: migration.MsgAbort, body: body}.as(migration.MsgSwitched, nil)
+			var pa *peerAbort
+			if !errors.As(err, &pa) {
+				t.Fatalf("abort: %v, want a *peerAbort", err)
+			}
+			if !strings.HasPrefix(pa.reason, "(unreadable abort") && len(pa.reason) > 4096+len("…") {
+				t.Fatalf("abort reason of %d bytes kept", len(pa.reason))
+			}
+			return
+		}
+		tc := types[which]
+		v := tc.new()
+		if err := (peerMessage{typ: tc.typ, body: body}).as(tc.typ, v); err != nil {
+			if !strings.HasPrefix(err.Error(), "protocol: ") {
+				t.Fatalf("decode error without its protocol prefix: %v", err)
+			}
+			return
+		}
+		again, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		w := tc.new()
+		if err := (peerMessage{typ: tc.typ, body: again}).as(tc.typ, w); err != nil {
+			t.Fatalf("re-encoded %s %s does not decode: %v", tc.typ, again, err)
+		}
+		if b2, _ := json.Marshal(w); string(b2) != string(again) {
+			t.Fatalf("%s round trip: %s then %s", tc.typ, again, b2)
+		}
+	})
+}

@@ -1,7 +1,13 @@
 package agent
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 
@@ -33,14 +39,110 @@ func restoreStatsMap(s runc.RestoreStats) map[string]float64 {
 	}
 }
 
+// History file bounds: a result's error text is cut to maxResultError
+// bytes, so no line nears what history reads of one (maxHistoryLine); the
+// file is rotated to migrations.jsonl.1 past maxHistoryBytes, so the two
+// hold the last few thousand migrations.
+const (
+	maxResultError  = 4 << 10
+	maxHistoryLine  = 4 << 20
+	maxHistoryBytes = 16 << 20
+	historyFile     = "migrations.jsonl"
+)
+
 // recordHistory appends a migration result to the node's history file.
 func (a *Agent) recordHistory(r migration.Result) {
-	f, err := os.OpenFile(filepath.Join(a.cfg.StateDir, "migrations.jsonl"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if len(r.Error) > maxResultError {
+		r.Error = r.Error[:maxResultError] + "…"
+	}
+	path := filepath.Join(a.cfg.StateDir, historyFile)
+	if st, err := os.Stat(path); err == nil && st.Size() > maxHistoryBytes {
+		if err := os.Rename(path, path+".1"); err != nil {
+			a.log.Warn("rotate migration history", "err", err)
+		}
+	}
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
 		a.log.Warn("record migration", "err", err)
 		return
 	}
 	defer f.Close()
 	b, _ := json.Marshal(r)
-	_, _ = f.Write(append(b, '\n'))
+	if _, err := f.Write(append(b, '\n')); err != nil {
+		a.log.Warn("record migration", "err", err)
+	}
+}
+
+// history calls fn with each recorded result, oldest first (the rotated
+// file's, then the current one's), until fn returns false. A line that
+// is not a result, or longer than maxHistoryLine, is skipped.
+func (a *Agent) history(fn func(migration.Result) bool) error {
+	path := filepath.Join(a.cfg.StateDir, historyFile)
+	var errs []error
+	found := false
+	for _, p := range []string{path + ".1", path} {
+		more, err := readHistory(p, fn)
+		if err == nil {
+			found = true
+		} else if !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+		if !more {
+			break
+		}
+	}
+	if !found && len(errs) == 0 {
+		return fs.ErrNotExist
+	}
+	return errors.Join(errs...)
+}
+
+// readHistory calls fn with each result in the file at path; more says
+// whether fn wants more.
+func readHistory(path string, fn func(migration.Result) bool) (more bool, err error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return true, err
+	}
+	defer f.Close()
+	br := bufio.NewReaderSize(f, 64<<10)
+	for {
+		line, err := readLine(br, maxHistoryLine)
+		if len(line) > 0 {
+			var r migration.Result
+			if json.Unmarshal(line, &r) == nil && !fn(r) {
+				return false, nil
+			}
+		}
+		if err == io.EOF {
+			return true, nil
+		}
+		if err != nil {
+			return true, fmt.Errorf("%s: %w", path, err)
+		}
+	}
+}
+
+// readLine reads one line without its newline; a line longer than max
+// is read past and returned empty.
+func readLine(br *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	over := false
+	for {
+		part, err := br.ReadSlice('\n')
+		if !over {
+			if len(line)+len(part) > max+1 {
+				over, line = true, nil
+			} else {
+				line = append(line, part...)
+			}
+		}
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if over {
+			return nil, err
+		}
+		return bytes.TrimSuffix(line, []byte("\n")), err
+	}
 }

@@ -1,7 +1,6 @@
 package agent
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -12,7 +11,6 @@ import (
 	"net/http/pprof"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/edgehop/edgehop/internal/api"
@@ -189,8 +187,14 @@ func (a *Agent) peerHandler() http.Handler {
 	mux.HandleFunc("DELETE /v1/fdb", fdbHandler(peerCheck, a.forget))
 	mux.HandleFunc("GET /v1/peer/migrations/{id}", func(w http.ResponseWriter, r *http.Request) {
 		rec, err := a.journal.Get(r.PathValue("id"))
-		if err != nil {
+		if errors.Is(err, journal.ErrNotFound) {
 			writeErr(w, fmt.Errorf("%w: %v", ErrNotFound, err))
+			return
+		}
+		if err != nil {
+			// Unreadable (EIO, EMFILE, a damaged record): the peer must
+			// not read it as "gave up" and destroy its copy. It asks again.
+			writeErr(w, fmt.Errorf("migration %s: journal unreadable: %w", r.PathValue("id"), err))
 			return
 		}
 		// Only the other side of the migration may ask.
@@ -431,28 +435,6 @@ func (a *Agent) streamJob(w http.ResponseWriter, r *http.Request, id string) {
 			}
 		}
 	}
-}
-
-// history calls fn with each recorded result, oldest first, until fn
-// returns false.
-func (a *Agent) history(fn func(migration.Result) bool) error {
-	f, err := os.Open(filepath.Join(a.cfg.StateDir, "migrations.jsonl"))
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64<<10), 4<<20)
-	for sc.Scan() {
-		var r migration.Result
-		if json.Unmarshal(sc.Bytes(), &r) != nil {
-			continue
-		}
-		if !fn(r) {
-			return nil
-		}
-	}
-	return sc.Err()
 }
 
 // maxRequestBytes bounds a request body.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -128,6 +129,28 @@ func TestPeerAPIIdentity(t *testing.T) {
 	}
 }
 
+// A peer's endpoint list passes the checks its announcements get: only
+// its own endpoints, at its own VTEP, on the overlay.
+func TestEndpointListChecked(t *testing.T) {
+	p := newPeerAPI(t)
+	own := endpointOf("s", "10.200.2.5", "node1", "172.30.1.2")
+	list := []api.Endpoint{
+		own,
+		endpointOf("t", "10.200.2.6", "node2", "172.30.2.2"), // another node's
+		endpointOf("u", "10.200.2.7", "node1", "172.30.2.2"), // another VTEP
+		endpointOf("v", "192.0.2.5", "node1", "172.30.1.2"),  // off the overlay
+	}
+	if got := p.a.checkListed("node1", list); len(got) != 1 || got[0] != own {
+		t.Errorf("node1's list: kept %+v, want only %+v", got, own)
+	}
+	if got := p.a.checkListed("core", list); len(got) != 0 {
+		t.Errorf("the gateway's list: kept %+v, want none", got)
+	}
+	if got := p.a.checkListed("stranger", list); len(got) != 0 {
+		t.Errorf("an unconfigured node's list: kept %+v, want none", got)
+	}
+}
+
 // A journal phase is told only to the other side of that migration.
 func TestPeerAPIJournalPhase(t *testing.T) {
 	p := newPeerAPI(t)
@@ -149,6 +172,17 @@ func TestPeerAPIJournalPhase(t *testing.T) {
 	b, _ := json.Marshal(ph)
 	if !strings.Contains(string(b), id) {
 		t.Errorf("answer %s lacks the id", b)
+	}
+	// A record that cannot be read is not "no such migration": the peer
+	// would take that for "gave up" and destroy its copy.
+	log := filepath.Join(p.a.journal.Dir(), id+".log")
+	if err := os.WriteFile(log, []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err = p.as(t, "node1").PeerPhase(t.Context(), id)
+	var ae *api.Error
+	if err == nil || errors.Is(err, api.ErrNotFound) || !errors.As(err, &ae) || ae.Code != "internal" {
+		t.Errorf("unreadable record: err = %v, want an internal error, not not-found", err)
 	}
 }
 

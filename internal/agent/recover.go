@@ -21,12 +21,37 @@ import (
 // else touches them until recoverAll settled them. Incoming containers
 // without an unsettled record (never journaled, or settled) go.
 func (a *Agent) pendingRecoveries(ctx context.Context) ([]journal.Record, error) {
-	recs, err := a.journal.List()
+	recs, bad, err := a.journal.Scan()
 	if err != nil {
-		a.log.Warn("unreadable journal records left in place", "err", err)
+		return nil, err
 	}
 	var pending []journal.Record
 	active := map[string]bool{}
+	// An unreadable record quarantines its migration: nothing of it is
+	// destroyed, its container stays claimed until an operator settles it
+	// and removes the log. One naming no container keeps every leftover.
+	keepAll := false
+	for _, u := range bad {
+		a.metrics.Recovered("quarantined")
+		a.log.Error("journal record unreadable: its migration is quarantined and its data kept; settle the container by hand, then remove the log",
+			"migration", u.ID, "log", u.Path, "container", u.Container, "err", u.Err)
+		if u.Container == "" {
+			keepAll = true
+			continue
+		}
+		active[u.Container] = true
+		a.mu.Lock()
+		a.busy[u.Container] = true
+		a.mu.Unlock()
+	}
+	// The newest record of each container: a destination's Done means
+	// its copy is the service, whatever its meta still says.
+	newest := map[string]journal.Record{}
+	for _, r := range recs {
+		if o, ok := newest[r.Container]; !ok || !r.Updated.Before(o.Updated) {
+			newest[r.Container] = r
+		}
+	}
 	for _, r := range recs {
 		if r.Phase.Final() {
 			continue
@@ -42,9 +67,28 @@ func (a *Agent) pendingRecoveries(ctx context.Context) ([]journal.Record, error)
 		}
 		a.mu.Unlock()
 	}
-	a.sweepScratch(active)
+	if keepAll {
+		a.log.Error("an unreadable journal record names no container: every incoming container and scratch entry is kept")
+	} else {
+		a.sweepScratch(active)
+	}
 	for _, name := range a.incomingLeftovers() {
 		if active[name] {
+			continue
+		}
+		if r, ok := newest[name]; ok && r.Role == migration.RoleDestination && r.Phase == migration.Done {
+			// Committed and done here, but the agent stopped before its
+			// meta said so (adopt's write failed or never ran).
+			a.log.Warn("adopting a committed container whose record still said incoming", "container", name, "migration", r.ID)
+			a.metrics.Recovered("adopted")
+			a.adopt(&container{meta: a.readMeta(name)})
+			continue
+		}
+		if keepAll {
+			a.log.Warn("incoming container kept: an unreadable journal record may be its", "container", name)
+			a.mu.Lock()
+			a.busy[name] = true
+			a.mu.Unlock()
 			continue
 		}
 		a.log.Info("discarding an incoming container no migration is settling", "container", name)

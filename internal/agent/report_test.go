@@ -1,10 +1,16 @@
 package agent
 
 import (
+	"log/slog"
+	"os"
+	"path/filepath"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/migration"
 )
 
 func TestHeartbeatOf(t *testing.T) {
@@ -33,5 +39,43 @@ func TestHeartbeatOf(t *testing.T) {
 	}
 	if hb := heartbeatOf("node1", "", nil, nil); hb.MemoryBytes != nil || hb.Containers != nil {
 		t.Errorf("empty node: %+v", hb)
+	}
+}
+
+// The history survives an overlong line (it is skipped, later results
+// are read), cuts a result's error text, and reads the rotated file
+// first.
+func TestHistoryBounded(t *testing.T) {
+	a := &Agent{cfg: Config{StateDir: t.TempDir()}, log: slog.New(slog.DiscardHandler)}
+	path := filepath.Join(a.cfg.StateDir, historyFile)
+	a.recordHistory(migration.Result{ID: "old"})
+	if err := os.Rename(path, path+".1"); err != nil {
+		t.Fatal(err)
+	}
+	a.recordHistory(migration.Result{ID: "a", Error: strings.Repeat("e", 10*maxResultError)})
+	f, err := os.OpenFile(path, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.Write(append([]byte(`{"id":"huge","error":"`+strings.Repeat("x", maxHistoryLine+10)+`"}`), '\n')); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	a.recordHistory(migration.Result{ID: "b"})
+	var ids []string
+	if err := a.history(func(r migration.Result) bool {
+		ids = append(ids, r.ID)
+		if r.ID == "a" && len(r.Error) > maxResultError+len("…") {
+			t.Errorf("error text of %d bytes kept", len(r.Error))
+		}
+		return true
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(ids, []string{"old", "a", "b"}) {
+		t.Errorf("history %v, want [old a b]", ids)
+	}
+	if st, err := os.Stat(path); err != nil || st.Mode().Perm() != 0o600 {
+		t.Errorf("history file mode: %v, %v", st, err)
 	}
 }

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -1118,9 +1119,7 @@ func (o *outgoing) peerReason(cause error) error {
 	select {
 	case m := <-o.peerMsg:
 		if m.typ == migration.MsgAbort {
-			var ab migration.Abort
-			_ = json.Unmarshal(m.body, &ab)
-			return &peerAbort{node: o.req.To, reason: ab.Reason}
+			return &peerAbort{node: o.req.To, reason: abortReason(m.body)}
 		}
 		o.peerMsg <- m
 	case <-time.After(time.Second):
@@ -1210,9 +1209,7 @@ func (o *outgoing) awaitOutcome() migration.Event {
 	var sw migration.Switched
 	if err := m.as(migration.MsgSwitched, &sw); err != nil {
 		if m.typ == migration.MsgAbort {
-			var ab migration.Abort
-			_ = json.Unmarshal(m.body, &ab)
-			return migration.Event{Kind: migration.EvPeerAborted, Err: fmt.Errorf("%s handed the service back: %s", o.req.To, ab.Reason)}
+			return migration.Event{Kind: migration.EvPeerAborted, Err: fmt.Errorf("%s handed the service back: %s", o.req.To, abortReason(m.body))}
 		}
 		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("%s: %w", o.req.To, err)}
 	}
@@ -1634,17 +1631,50 @@ func (m peerMessage) as(typ string, v any) error {
 		return m.err
 	}
 	if m.typ == migration.MsgAbort {
-		var ab migration.Abort
-		_ = json.Unmarshal(m.body, &ab)
-		return &peerAbort{node: "peer", reason: ab.Reason}
+		return &peerAbort{node: "peer", reason: abortReason(m.body)}
 	}
 	if m.typ != typ {
 		return fmt.Errorf("protocol: got %q, want %q", m.typ, typ)
 	}
 	if v != nil {
-		return json.Unmarshal(m.body, v)
+		return decodePeerMsg(typ, m.body, v)
 	}
 	return nil
+}
+
+// maxPeerMsgBytes bounds a control message's body: the largest, a
+// Prepare or a Switched report, are a few kilobytes.
+const maxPeerMsgBytes = 1 << 20
+
+// decodePeerMsg decodes a peer's control message strictly: one JSON
+// value, no field the message does not have, within maxPeerMsgBytes.
+func decodePeerMsg(typ string, body []byte, v any) error {
+	if len(body) > maxPeerMsgBytes {
+		return fmt.Errorf("protocol: %s message of %d bytes (at most %d)", typ, len(body), maxPeerMsgBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("protocol: %s message: %w", typ, err)
+	}
+	if dec.More() {
+		return fmt.Errorf("protocol: %s message: data after the JSON value", typ)
+	}
+	return nil
+}
+
+// abortReason is the reason an abort message gives, or says that it
+// could not be read.
+func abortReason(body []byte) string {
+	var ab migration.Abort
+	if err := decodePeerMsg(migration.MsgAbort, body, &ab); err != nil {
+		return "(unreadable abort: " + err.Error() + ")"
+	}
+	const max = 4096
+	if len(ab.Reason) > max {
+		ab.Reason = ab.Reason[:max] + "…"
+	}
+	return ab.Reason
 }
 
 // from is as, with an abort naming node.

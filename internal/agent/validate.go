@@ -12,6 +12,7 @@ import (
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/netplane"
+	"github.com/edgehop/edgehop/internal/runc"
 )
 
 var (
@@ -156,7 +157,32 @@ func checkProcess(name string, p migration.Process) error {
 			return fmt.Errorf("stop signal: %v", err)
 		}
 	}
+	if len(p.CapAdd) > len(runc.KnownCapabilities) {
+		return fmt.Errorf("%d added capabilities (at most %d)", len(p.CapAdd), len(runc.KnownCapabilities))
+	}
+	for _, c := range p.CapAdd {
+		if canon, err := runc.ParseCapability(c); err != nil || canon != c {
+			return fmt.Errorf("added capability %q: want a known capability's canonical name", c)
+		}
+	}
 	return nil
+}
+
+// capAdd checks a run request's --cap-add names and returns them
+// canonical (runc.ParseCapability), once each, without those the default
+// set has, in the order given; nil for none.
+func capAdd(names []string) ([]string, error) {
+	var out []string
+	for _, n := range names {
+		c, err := runc.ParseCapability(n)
+		if err != nil {
+			return nil, fmt.Errorf("--cap-add: %w", err)
+		}
+		if !slices.Contains(runc.DefaultCapabilities, c) && !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
 }
 
 // checkGroup checks a container's group and the members it depends on:

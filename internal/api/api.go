@@ -33,6 +33,11 @@ type RunRequest struct {
 	// share one network namespace and address (the first member's), as
 	// in Kubernetes. Group, if given, must be the same name.
 	Pod string `json:"pod,omitempty"`
+	// CapAdd are capabilities beyond the default set (runc's
+	// DefaultCapabilities, which has neither CAP_MKNOD nor CAP_NET_RAW),
+	// as "CAP_NET_RAW" or "NET_RAW"; an unknown one is refused. They stay
+	// with the container when it migrates.
+	CapAdd []string `json:"cap_add,omitempty"`
 }
 
 // Container describes a container on a node.
@@ -60,6 +65,8 @@ type Container struct {
 	// and address it shares, empty for the pod's first, which holds them.
 	Pod   string `json:"pod,omitempty"`
 	NetOf string `json:"net_of,omitempty"`
+	// CapAdd are the capabilities it has beyond the default set.
+	CapAdd []string `json:"cap_add,omitempty"`
 }
 
 // Endpoint is where an overlay MAC lives; agents announce them to peers.

@@ -371,3 +371,40 @@ func TestPartitionMidMigration(t *testing.T) {
 		})
 	}
 }
+
+// TestKillSourceBeforeFreeze kills -9 the source's agent before the
+// freeze with each strategy, while redis's client holds its connection:
+// the migration is aborted, the connection carries on (nothing the dead
+// agent set on the service's traffic stays), and the next migration to
+// the same destination succeeds (the destination's claim on the name is
+// gone).
+func TestKillSourceBeforeFreeze(t *testing.T) {
+	for _, tc := range []struct {
+		strategy string
+		phase    migration.Phase
+	}{
+		{"post-copy", migration.Preparing},
+		{"hybrid", migration.LiveRounds},
+		{"pre-copy", migration.LiveRounds},
+	} {
+		t.Run(tc.strategy+"/"+string(tc.phase), func(t *testing.T) {
+			f := newFaultBed(t)
+			id := f.start(tc.strategy)
+			f.waitFor(string(tc.phase), func() bool { return f.phase("node0", id) == tc.phase })
+			f.kill("node0")
+			if out := f.settle(id); out != migration.Aborted {
+				t.Fatalf("the source ended %s, want aborted", out)
+			}
+			f.check("node0")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var res migResult
+			err := f.client("node0").Migrate(ctx, "redis", api.MigrateRequest{To: "node1", Strategy: tc.strategy,
+				Compression: "off", LinkBps: 200_000_000}, &res)
+			if err != nil || !res.OK {
+				t.Fatalf("the next migration to node1: %+v, %v", res, err)
+			}
+			f.check("node1")
+		})
+	}
+}

@@ -22,7 +22,9 @@ import (
 // lockName takes the name's lock in root and removes work directories
 // that dead operations on name left behind.
 func lockName(ctx context.Context, root, name string) (release func() error, err error) {
-	if err := os.MkdirAll(root, 0o755); err != nil {
+	// Only root reads the store: the trees images are built in there
+	// hold setuid files.
+	if err := os.MkdirAll(root, 0o700); err != nil {
 		return nil, err
 	}
 	release, err = linux.LockFile(ctx, filepath.Join(root, "."+name+".lock"))

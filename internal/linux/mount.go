@@ -9,14 +9,25 @@ import (
 
 // MountOverlay mounts an overlay filesystem at target with a read-only
 // lower layer and a writable upper layer (work is overlayfs' scratch dir).
+// It is mounted nosuid and nodev: the container's root user is the
+// host's (no user namespace), and neither a setuid file nor a device node
+// it makes in its root file system may work there. (Its /dev is a mount of
+// its own, a tmpfs or a bind, where device nodes do work.) Missing
+// directories are made: upper 0755, as it is the container's / (overlayfs
+// shows the upper root's mode there), work 0700; the caller keeps their
+// parent unreachable by other users, as upper lies on the host's file
+// system.
 func MountOverlay(lower, upper, work, target string) error {
-	for _, d := range []string{upper, work, target} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
+	for _, d := range []struct {
+		path string
+		mode os.FileMode
+	}{{upper, 0o755}, {work, 0o700}, {target, 0o755}} {
+		if err := os.MkdirAll(d.path, d.mode); err != nil {
 			return err
 		}
 	}
 	opts := fmt.Sprintf("lowerdir=%s,upperdir=%s,workdir=%s", lower, upper, work)
-	if err := unix.Mount("overlay", target, "overlay", 0, opts); err != nil {
+	if err := unix.Mount("overlay", target, "overlay", unix.MS_NOSUID|unix.MS_NODEV, opts); err != nil {
 		return fmt.Errorf("mount overlay at %s: %w", target, err)
 	}
 	return nil

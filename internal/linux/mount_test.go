@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -77,4 +78,56 @@ func FuzzParseMountinfo(f *testing.F) {
 			t.Fatalf("%d mounts from %d lines", len(ms), strings.Count(data, "\n")+1)
 		}
 	})
+}
+
+// TestMountOverlayNosuidNodev: a container's root file system is mounted
+// nosuid and nodev (/proc/self/mountinfo's per-mount options), so that a
+// setuid file or device node its root makes there does not work; its
+// work directory is not reachable by other users.
+func TestMountOverlayNosuidNodev(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to mount")
+	}
+	dir := t.TempDir()
+	lower, upper, work, target := filepath.Join(dir, "lower"), filepath.Join(dir, "upper"), filepath.Join(dir, "work"), filepath.Join(dir, "root")
+	if err := os.Mkdir(lower, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := MountOverlay(lower, upper, work, target); err != nil {
+		if errors.Is(err, syscall.ENODEV) || errors.Is(err, syscall.EINVAL) {
+			// No overlayfs, or a temporary directory on a file system
+			// it cannot use as upper layer (an overlay itself).
+			t.Skipf("skipped: overlayfs not usable here: %v", err)
+		}
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = Unmount(target) })
+	data, err := os.ReadFile("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opts []string
+	for _, line := range strings.Split(string(data), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 5 && unescapeMount(f[4]) == target {
+			opts = strings.Split(f[5], ",")
+		}
+	}
+	if opts == nil {
+		t.Fatalf("%s not in /proc/self/mountinfo", target)
+	}
+	for _, want := range []string{"nosuid", "nodev", "rw"} {
+		if !slices.Contains(opts, want) {
+			t.Errorf("overlay mount options %v lack %s", opts, want)
+		}
+	}
+	for path, want := range map[string]os.FileMode{upper: 0o755, work: 0o700} {
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Mode().Perm() != want {
+			t.Errorf("%s: mode %v, want %v", path, st.Mode().Perm(), want)
+		}
+	}
 }

@@ -65,7 +65,7 @@ func New(g Gauges) *Metrics {
 		held: prometheus.NewCounter(prometheus.CounterOpts{Namespace: Namespace, Name: "migration_held_packets_total",
 			Help: "Client packets held during frozen windows and delivered to the restored service."}),
 		recoveries: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: Namespace, Name: "recoveries_total",
-			Help: "Migrations settled by an agent that restarted in the middle of them, by outcome."}, []string{"outcome"}),
+			Help: "Migrations settled by an agent that restarted in the middle of them, by outcome (also adopted: a committed copy whose record said incoming; quarantined: an unreadable journal record, its data kept)."}, []string{"outcome"}),
 	}
 	m.reg.MustRegister(m.started, m.ended, m.downtime, m.total, m.phase, m.wire, m.state, m.held, m.recoveries,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

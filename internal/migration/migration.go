@@ -404,6 +404,10 @@ type Process struct {
 	// share one network namespace, address and link, those of the member
 	// PodNet names (the pod's first, which names itself).
 	PodNet string `json:"pod_net,omitempty"`
+	// CapAdd are the capabilities the service was run with beyond
+	// runc.DefaultCapabilities (`edgehop run --cap-add`), canonical
+	// names; the destination restores it with the same set.
+	CapAdd []string `json:"cap_add,omitempty"`
 }
 
 // VolumesDir is the directory of a writable layer that holds a

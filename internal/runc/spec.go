@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/moby/profiles/seccomp"
@@ -73,11 +74,74 @@ type Spec struct {
 
 // DefaultCapabilities is the capability set a container gets when
 // Spec.Capabilities is nil: the set container engines grant by default,
-// enough for common services that drop privileges or bind low ports.
+// enough for common services that drop privileges or bind low ports,
+// less CAP_MKNOD and CAP_NET_RAW. There is no user namespace, so the
+// container's root is the host's: with CAP_MKNOD it could make a block
+// device node in its writable layer, which lies on the host's file
+// system, and with CAP_NET_RAW send frames with any source MAC and IP
+// onto its node's bridge. A service that needs one asks for it
+// (WithCapabilities, `edgehop run --cap-add`).
+//
+// CAP_FSETID and CAP_FOWNER stay: package managers run inside containers
+// (dpkg chmods and chowns files it does not own, keeping setuid bits),
+// and the setuid files they let root make are harmless: the root file
+// system is mounted nosuid and nodev (linux.MountOverlay), the processes
+// have no_new_privs, and the writable layer's host directory is reachable
+// by root alone (the agent's state directories are 0700).
 var DefaultCapabilities = []string{
-	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
-	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER",
+	"CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
 	"CAP_NET_BIND_SERVICE", "CAP_SYS_CHROOT", "CAP_KILL", "CAP_AUDIT_WRITE",
+}
+
+// KnownCapabilities are the capability names Spec.Capabilities and
+// WithCapabilities accept: Linux's, in bit order (capability(7)).
+var KnownCapabilities = []string{
+	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_DAC_READ_SEARCH", "CAP_FOWNER", "CAP_FSETID",
+	"CAP_KILL", "CAP_SETGID", "CAP_SETUID", "CAP_SETPCAP", "CAP_LINUX_IMMUTABLE",
+	"CAP_NET_BIND_SERVICE", "CAP_NET_BROADCAST", "CAP_NET_ADMIN", "CAP_NET_RAW", "CAP_IPC_LOCK",
+	"CAP_IPC_OWNER", "CAP_SYS_MODULE", "CAP_SYS_RAWIO", "CAP_SYS_CHROOT", "CAP_SYS_PTRACE",
+	"CAP_SYS_PACCT", "CAP_SYS_ADMIN", "CAP_SYS_BOOT", "CAP_SYS_NICE", "CAP_SYS_RESOURCE",
+	"CAP_SYS_TIME", "CAP_SYS_TTY_CONFIG", "CAP_MKNOD", "CAP_LEASE", "CAP_AUDIT_WRITE",
+	"CAP_AUDIT_CONTROL", "CAP_SETFCAP", "CAP_MAC_OVERRIDE", "CAP_MAC_ADMIN", "CAP_SYSLOG",
+	"CAP_WAKE_ALARM", "CAP_BLOCK_SUSPEND", "CAP_AUDIT_READ", "CAP_PERFMON", "CAP_BPF",
+	"CAP_CHECKPOINT_RESTORE",
+}
+
+// ErrUnknownCapability is returned for a name that is not in
+// KnownCapabilities.
+var ErrUnknownCapability = errors.New("unknown capability")
+
+// ParseCapability returns the canonical name of capability name
+// ("CAP_NET_RAW"), given in any case, with or without the "CAP_" prefix;
+// ErrUnknownCapability for a name not in KnownCapabilities.
+func ParseCapability(name string) (string, error) {
+	c := strings.ToUpper(strings.TrimSpace(name))
+	if !strings.HasPrefix(c, "CAP_") {
+		c = "CAP_" + c
+	}
+	if !slices.Contains(KnownCapabilities, c) {
+		return "", fmt.Errorf("%w %q (want one of %s)", ErrUnknownCapability, name, strings.Join(KnownCapabilities, ", "))
+	}
+	return c, nil
+}
+
+// WithCapabilities returns DefaultCapabilities plus add (ParseCapability
+// names; duplicates and defaults are dropped), for Spec.Capabilities. The
+// order is deterministic, so that a container's source and destination
+// write the same set.
+func WithCapabilities(add []string) ([]string, error) {
+	caps := slices.Clone(DefaultCapabilities)
+	for _, a := range add {
+		c, err := ParseCapability(a)
+		if err != nil {
+			return nil, err
+		}
+		if !slices.Contains(caps, c) {
+			caps = append(caps, c)
+		}
+	}
+	return caps, nil
 }
 
 const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -103,6 +167,11 @@ func (s Spec) Validate() error {
 	for what, dir := range map[string]string{"shm": s.ShmDir, "dev": s.DevDir} {
 		if dir != "" && !filepath.IsAbs(dir) {
 			errs = append(errs, fmt.Errorf("%s dir %q must be an absolute path", what, dir))
+		}
+	}
+	for _, c := range s.Capabilities {
+		if !slices.Contains(KnownCapabilities, c) {
+			errs = append(errs, fmt.Errorf("%w %q", ErrUnknownCapability, c))
 		}
 	}
 	for _, m := range s.Mounts {

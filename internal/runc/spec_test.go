@@ -2,6 +2,7 @@ package runc_test
 
 import (
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"slices"
@@ -184,5 +185,61 @@ func TestDefaultSeccomp(t *testing.T) {
 	cfg, err := runc.Spec{Rootfs: "/r", Args: []string{"sh"}, Seccomp: sc}.Config()
 	if err != nil || cfg.Linux.Seccomp != sc {
 		t.Fatalf("config does not carry the profile: %v", err)
+	}
+}
+
+// TestDefaultCapabilities: without a user namespace the container's root
+// is the host's, so the default set leaves out CAP_MKNOD (a block device
+// node in the writable layer, which is on the host's file system) and
+// CAP_NET_RAW (forged frames on the node's bridge).
+func TestDefaultCapabilities(t *testing.T) {
+	cfg, err := runc.Spec{Rootfs: "/r", Args: []string{"sh"}}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.Process.Capabilities
+	for _, set := range [][]string{c.Bounding, c.Effective, c.Permitted} {
+		for _, no := range []string{"CAP_MKNOD", "CAP_NET_RAW", "CAP_SYS_ADMIN"} {
+			if slices.Contains(set, no) {
+				t.Errorf("default set %v has %s", set, no)
+			}
+		}
+		if !slices.Contains(set, "CAP_NET_BIND_SERVICE") || !slices.Contains(set, "CAP_SETUID") {
+			t.Errorf("default set %v lacks what services dropping privileges need", set)
+		}
+	}
+	for _, c := range runc.DefaultCapabilities {
+		if !slices.Contains(runc.KnownCapabilities, c) {
+			t.Errorf("default capability %s is not a known one", c)
+		}
+	}
+}
+
+// TestWithCapabilities: --cap-add names, in any case and with or without
+// CAP_, are added once to the defaults; an unknown name is refused, and
+// so is a spec carrying one.
+func TestWithCapabilities(t *testing.T) {
+	caps, err := runc.WithCapabilities([]string{"NET_RAW", "cap_mknod", "CAP_NET_RAW", "CAP_CHOWN"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := append(slices.Clone(runc.DefaultCapabilities), "CAP_NET_RAW", "CAP_MKNOD")
+	if !slices.Equal(caps, want) {
+		t.Errorf("caps %v, want %v", caps, want)
+	}
+	cfg, err := runc.Spec{Rootfs: "/r", Args: []string{"sh"}, Capabilities: caps}.Config()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cfg.Process.Capabilities; !slices.Equal(got.Bounding, want) || !slices.Equal(got.Effective, want) || !slices.Equal(got.Permitted, want) {
+		t.Errorf("config capabilities %+v, want %v", got, want)
+	}
+	for _, bad := range []string{"CAP_NET_RAWX", "FLY", "", "CAP_"} {
+		if _, err := runc.WithCapabilities([]string{bad}); !errors.Is(err, runc.ErrUnknownCapability) {
+			t.Errorf("WithCapabilities(%q): %v, want ErrUnknownCapability", bad, err)
+		}
+	}
+	if _, err := (runc.Spec{Rootfs: "/r", Args: []string{"sh"}, Capabilities: []string{"CAP_FLY"}}).Config(); !errors.Is(err, runc.ErrUnknownCapability) {
+		t.Errorf("spec with CAP_FLY: %v, want ErrUnknownCapability", err)
 	}
 }

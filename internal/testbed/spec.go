@@ -131,7 +131,9 @@ func (s Spec) Validate() error {
 			}
 		}
 	}
-	seen := map[string]bool{"core": true}
+	// core is the router's namespace; controller the controller's certificate name,
+	// which a node of that name could present to the agents.
+	seen := map[string]bool{"core": true, "controller": true}
 	for _, e := range append(append(append([]Endpoint{}, s.Nodes...), s.Clients...), s.APs...) {
 		if !nameRE.MatchString(e.Name) {
 			errs = append(errs, fmt.Errorf("endpoint name %q: want 1-10 lowercase letters/digits", e.Name))

@@ -16,6 +16,7 @@ func TestSpecValidate(t *testing.T) {
 		func(s *Spec) { s.Nodes = nil },
 		func(s *Spec) { s.Clients[0].Name = s.Nodes[0].Name },
 		func(s *Spec) { s.Nodes[1].Name = "core" },
+		func(s *Spec) { s.Clients[0].Name = "controller" },
 		func(s *Spec) { s.Nodes[0].Link.Delay = -time.Millisecond },
 		func(s *Spec) { s.Nodes[0].Link.Jitter = 2 * s.Nodes[0].Link.Delay },
 		func(s *Spec) { s.Clients[1].Link.Loss = 1.5 },
