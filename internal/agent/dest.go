@@ -914,7 +914,7 @@ func (in *incoming) startPages(ctx context.Context) error {
 	}
 	pageServer := tun.Addr().String()
 	if in.store != nil || rerr == nil {
-		if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs); err != nil {
+		if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs, p.MemoryBytes); err != nil {
 			return fmt.Errorf("page proxy: %w", err)
 		}
 	}

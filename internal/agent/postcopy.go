@@ -190,7 +190,12 @@ func isTunnel(typ string) bool { return typ == transfer.MsgTunnel }
 // (lazyproxy.ServePrefetch); for hybrid (store set) the pages the rounds
 // left here come from the store, and without runs to pull it only relays
 // (lazyproxy.ServeDest).
-func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, store *precopy.Store, runs []precopy.LazyRun) (string, error) {
+//
+// memoryBytes is the service's memory as the source declared it: the
+// lazy runs may hold at most twice that and a gigabyte (CRIU's lazy
+// pages are private anonymous memory, which the declared resident figure
+// may undercount), so a peer's runs cannot make the proxy plan 2^45 pages.
+func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, store *precopy.Store, runs []precopy.LazyRun, memoryBytes int64) (string, error) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
 	l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
@@ -211,7 +216,7 @@ func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, sto
 		if held != nil && runs == nil {
 			err = lazyproxy.ServeDest(ctx, l, upstream, held, &st, a.log)
 		} else {
-			err = lazyproxy.ServePrefetch(ctx, l, upstream, held, lazyRanges(runs), &st, a.log)
+			err = lazyPagesConfig(memoryBytes).ServePrefetch(ctx, l, upstream, held, lazyRanges(runs), &st, a.log)
 		}
 		if err != nil && ctx.Err() == nil {
 			a.log.Warn("lazy page proxy", "container", name, "err", err)
@@ -219,6 +224,16 @@ func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, sto
 		a.log.Info("lazy pages", "container", name, "from_store", st.HeldPages.Load(), "over_network", st.DataPages.Load(), "prefetched", st.Prefetched.Load())
 	}()
 	return l.Addr().String(), nil
+}
+
+// lazyPagesConfig bounds the lazy pages of a service that declared
+// memoryBytes (serveLazyPages).
+func lazyPagesConfig(memoryBytes int64) lazyproxy.PrefetchConfig {
+	if memoryBytes <= 0 {
+		return lazyproxy.PrefetchConfig{}
+	}
+	pages := (uint64(memoryBytes)*2 + 1<<30) / 4096
+	return lazyproxy.PrefetchConfig{MaxPages: min(pages, lazyproxy.DefaultMaxLazyPages)}
 }
 
 func lazyRanges(runs []precopy.LazyRun) []lazyproxy.Range {

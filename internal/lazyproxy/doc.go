@@ -21,5 +21,8 @@
 // pulls every lazy page ahead of the daemon, in address order as the daemon
 // takes them, from the moment the state has arrived (while CRIU restores),
 // and answers the daemon from what arrived; the pages around a fault go
-// first, and little is in flight while faults come.
+// first, and little is in flight while faults come. The runs come from the
+// source's pagemaps: they are checked (aligned, disjoint, at most
+// PrefetchConfig.MaxPages pages in all) and kept as runs, never as one
+// entry per page.
 package lazyproxy

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"maps"
 	"net"
 	"slices"
 	"sync"
@@ -72,7 +71,34 @@ const replyCmd = 4<<16 | 6
 // up on a request for none), so ranges must come from the same dump's
 // pagemaps (PE_LAZY entries); a reply with fewer pages than asked ends the
 // run of pages the server keeps together, and the rest is asked again.
+//
+// The ranges come from the source's pagemaps: ServePrefetch refuses (an
+// ErrBadRuns, and l closed) runs that overlap, are unaligned, end past
+// the address space or hold more than DefaultMaxLazyPages in all; see
+// PrefetchConfig for another limit.
 func ServePrefetch(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), held PageReader, ranges []Range, st *Stats, log *slog.Logger) error {
+	return PrefetchConfig{}.ServePrefetch(ctx, l, upstream, held, ranges, st, log)
+}
+
+// PrefetchConfig holds the settings of ServePrefetch. The zero value uses
+// the defaults.
+type PrefetchConfig struct {
+	// MaxPages bounds the lazy pages the ranges may hold in all: the
+	// service's declared memory divided by the page size (4096). Zero
+	// means DefaultMaxLazyPages.
+	MaxPages uint64
+}
+
+// ServePrefetch is the package's ServePrefetch with pc's settings.
+func (pc PrefetchConfig) ServePrefetch(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), held PageReader, ranges []Range, st *Stats, log *slog.Logger) error {
+	if pc.MaxPages == 0 {
+		pc.MaxPages = DefaultMaxLazyPages
+	}
+	todo, err := planRanges(ranges, pc.MaxPages)
+	if err != nil {
+		l.Close() // the daemon fails at once rather than waiting
+		return err
+	}
 	decode := plainPages(st)
 	if held != nil {
 		decode = flaggedPages(held, st)
@@ -85,7 +111,7 @@ func ServePrefetch(ctx context.Context, l net.Listener, upstream func(context.Co
 		l.Close() // the daemon fails at once rather than waiting
 		return fmt.Errorf("page server: %w", err)
 	}
-	m := newMux(up, ranges, st, decode)
+	m := newMux(up, todo, st, decode)
 	stop := context.AfterFunc(ctx, func() { m.fail(ctx.Err()) })
 	defer stop()
 	m.wg.Go(m.readReplies)
@@ -189,14 +215,16 @@ type mux struct {
 	// the daemon's own CLOSE leaves corked (CRIU's disconnect sends it
 	// without a push) and reaches the server only after the kernel's
 	// 200 ms cork timeout, keeping the source busy that much longer.
-	owed map[pageKey]struct{}
+	// Runs, not pages: the source's pagemaps say how many there are.
+	owed *pageSet
 	// wanted are the lazy pages nobody has asked the server for yet:
 	// the prefetch skips pages the daemon asked for itself, which would
 	// otherwise cross twice and then sit in the cache for good.
-	wanted map[pageKey]struct{}
-	// inflight are the pages the prefetch asked for and has not read yet;
-	// a daemon request whose first page is in flight is parked until it
-	// is in, rather than asked for again behind it.
+	wanted *pageSet
+	// inflight are the pages the prefetch asked for and has not read yet
+	// (at most prefetchInFlight bytes of them); a daemon request whose
+	// first page is in flight is parked until it is in, rather than
+	// asked for again behind it.
 	inflight    map[pageKey]struct{}
 	parked      []parkedReq
 	earlyClosed bool   // the proxy sent CLOSE on the daemon's behalf
@@ -206,19 +234,11 @@ type mux struct {
 	slots chan *slot
 }
 
-func newMux(up net.Conn, ranges []Range, st *Stats, decode pageDecoder) *mux {
-	todo := slices.Clone(ranges)
-	slices.SortFunc(todo, func(a, b Range) int {
-		return cmp.Or(cmp.Compare(a.PID, b.PID), cmp.Compare(a.Addr, b.Addr))
-	})
+// newMux prefetches todo, ranges as planRanges returns them (in order).
+func newMux(up net.Conn, todo []Range, st *Stats, decode pageDecoder) *mux {
 	m := &mux{up: &pageServerConn{Conn: up}, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
-		slots: make(chan *slot, 4096), owed: map[pageKey]struct{}{}, inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
-	for _, r := range ranges {
-		for i := uint64(0); i < r.Pages; i++ {
-			m.owed[pageKey{r.PID, r.Addr + i*pageSize}] = struct{}{}
-		}
-	}
-	m.wanted = maps.Clone(m.owed)
+		slots: make(chan *slot, 4096), owed: newPageSet(todo), inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
+	m.wanted = m.owed.clone()
 	m.cond = sync.NewCond(&m.mu)
 	return m
 }
@@ -394,13 +414,11 @@ func (m *mux) takeCachedLocked(h header) ([]byte, bool) {
 // deliveredLocked records that the daemon was given nr pages from vaddr of
 // pid, and closes the session early once it has every lazy page.
 func (m *mux) deliveredLocked(pid, vaddr, nr uint64) {
-	if len(m.owed) == 0 {
+	if m.owed.empty() {
 		return
 	}
-	for i := uint64(0); i < nr; i++ {
-		delete(m.owed, pageKey{uint32(pid), vaddr + i*pageSize})
-	}
-	if len(m.owed) > 0 || m.closed || m.earlyClosed || m.failed != nil {
+	m.owed.remove(uint32(pid), vaddr, nr)
+	if !m.owed.empty() || m.closed || m.earlyClosed || m.failed != nil {
 		return
 	}
 	if err := m.sendLocked(upReq{h: header{cmd: cmdClose}, early: true}); err != nil {
@@ -453,18 +471,15 @@ func (m *mux) prefetch() {
 			queue = &m.follow
 		}
 		r := &(*queue)[0]
-		for r.Pages > 0 && !m.isWanted(r.PID, r.Addr) { // the daemon asked for it
-			r.Addr += pageSize
-			r.Pages--
+		if wanted, n := m.wanted.span(r.PID, r.Addr, r.Pages); !wanted { // the daemon asked for them
+			r.Addr += n * pageSize
+			r.Pages -= n
 		}
 		if r.Pages == 0 {
 			*queue = (*queue)[1:]
 			continue
 		}
-		n := uint64(1)
-		for n < min(r.Pages, prefetchReqPages) && m.isWanted(r.PID, r.Addr+n*pageSize) {
-			n++
-		}
+		_, n := m.wanted.span(r.PID, r.Addr, min(r.Pages, prefetchReqPages))
 		h := header{cmd: cmdGet, nr: n, vaddr: r.Addr, dstID: uint64(r.PID)}
 		if r.Pages == n {
 			*queue = (*queue)[1:]
@@ -472,10 +487,9 @@ func (m *mux) prefetch() {
 			r.Addr += n * pageSize
 			r.Pages -= n
 		}
+		m.wanted.remove(r.PID, h.vaddr, n)
 		for i := uint64(0); i < n; i++ {
-			k := pageKey{uint32(h.dstID), h.vaddr + i*pageSize}
-			delete(m.wanted, k)
-			m.inflight[k] = struct{}{}
+			m.inflight[pageKey{uint32(h.dstID), h.vaddr + i*pageSize}] = struct{}{}
 		}
 		m.inFlight += int64(n * pageSize)
 		if err := m.sendLocked(upReq{h: h, prefetch: true}); err != nil {
@@ -533,9 +547,7 @@ func (m *mux) forwardLocked(h header, s *slot) error {
 		n++
 	}
 	h.nr = n
-	for i := uint64(0); i < n; i++ {
-		delete(m.wanted, pageKey{uint32(h.dstID), h.vaddr + i*pageSize})
-	}
+	m.wanted.remove(uint32(h.dstID), h.vaddr, n)
 	// Faults come in runs (a service walking a table, a stack growing):
 	// the prefetch goes on from here first, so the next fault finds its
 	// page on the way instead of waiting again behind the prefetch.
@@ -567,13 +579,6 @@ func (m *mux) serveParkedLocked() error {
 	}
 	m.parked = kept
 	return nil
-}
-
-// isWanted says whether nobody asked the server for the page yet. The
-// caller holds m.mu.
-func (m *mux) isWanted(pid uint32, addr uint64) bool {
-	_, ok := m.wanted[pageKey{pid, addr}]
-	return ok
 }
 
 // readReplies reads the page server's replies in request order and hands
@@ -652,7 +657,7 @@ func (m *mux) readRepliesUntilClose() error {
 		}
 		for i := uint64(0); i < h.nr; i++ {
 			k := pageKey{uint32(h.dstID), h.vaddr + i*pageSize}
-			if _, ok := m.owed[k]; !ok {
+			if !m.owed.contains(k.pid, k.addr) {
 				continue // the daemon got it meanwhile
 			}
 			if _, dup := m.cache[k]; !dup {
@@ -662,9 +667,7 @@ func (m *mux) readRepliesUntilClose() error {
 		}
 		if h.nr < req.h.nr { // the server's run ended: ask for the rest next
 			rest := Range{PID: uint32(h.dstID), Addr: h.vaddr + h.nr*pageSize, Pages: req.h.nr - h.nr}
-			for i := uint64(0); i < rest.Pages; i++ {
-				m.wanted[pageKey{rest.PID, rest.Addr + i*pageSize}] = struct{}{}
-			}
+			m.wanted.add(rest.PID, rest.Addr, rest.Pages)
 			m.insertRestLocked(rest)
 		}
 		err = m.serveParkedLocked()

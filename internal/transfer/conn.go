@@ -171,19 +171,9 @@ func (c *Conn) WriteMsg(ctx context.Context, typ string, v any) error {
 	if typ == "" {
 		return errors.New("write message: empty type")
 	}
-	var body []byte
-	if v != nil {
-		var err error
-		if body, err = json.Marshal(v); err != nil {
-			return fmt.Errorf("write message %s: %w", typ, err)
-		}
-	}
-	payload, err := json.Marshal(envelope{Type: typ, Body: body})
+	payload, err := encodeEnvelope(typ, v)
 	if err != nil {
 		return fmt.Errorf("write message %s: %w", typ, err)
-	}
-	if len(payload) > maxControl {
-		return fmt.Errorf("write message %s: %d bytes exceeds %d", typ, len(payload), maxControl)
 	}
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
@@ -222,9 +212,40 @@ func (c *Conn) ReadMsg(ctx context.Context) (string, json.RawMessage, error) {
 	if h.kind != kindMsg {
 		return "", nil, fmt.Errorf("read message: %w", c.failReadLocked(ctx, fmt.Errorf("%w: got %s, want message", ErrProtocol, h.kind)))
 	}
+	typ, body, err := decodeEnvelope(payload)
+	if err != nil {
+		return "", nil, fmt.Errorf("read message: %w", c.failReadLocked(ctx, err))
+	}
+	return typ, body, nil
+}
+
+// encodeEnvelope is the payload of a message frame of type typ whose body
+// is v as JSON (none when v is nil), at most maxControl bytes.
+func encodeEnvelope(typ string, v any) ([]byte, error) {
+	var body []byte
+	if v != nil {
+		var err error
+		if body, err = json.Marshal(v); err != nil {
+			return nil, err
+		}
+	}
+	payload, err := json.Marshal(envelope{Type: typ, Body: body})
+	if err != nil {
+		return nil, err
+	}
+	if len(payload) > maxControl {
+		return nil, fmt.Errorf("%d bytes exceeds %d", len(payload), maxControl)
+	}
+	return payload, nil
+}
+
+// decodeEnvelope decodes a message frame's payload (a peer's bytes, at
+// most maxControl of them: readFrameLocked's bound). The body is a copy:
+// payload's buffer is reused by the next frame.
+func decodeEnvelope(payload []byte) (typ string, body json.RawMessage, err error) {
 	var env envelope
 	if err := json.Unmarshal(payload, &env); err != nil || env.Type == "" {
-		return "", nil, fmt.Errorf("read message: %w", c.failReadLocked(ctx, fmt.Errorf("%w: bad message envelope: %v", ErrCorrupt, err)))
+		return "", nil, fmt.Errorf("%w: bad message envelope: %v", ErrCorrupt, err)
 	}
 	return env.Type, env.Body, nil
 }

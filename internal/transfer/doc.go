@@ -35,7 +35,10 @@
 // Every blocking call takes a context; when it ends, the connection is
 // closed so the call returns at once, which is how a migration aborts when
 // its peer dies. Dial and Listener add mutually authenticated TLS (package
-// pki) and report the peer's node name.
+// pki) and report the peer's node name. A Listener runs its handshakes
+// concurrently, outside any lock, and bounds those under way from one
+// source address and in all, so that a host of the underlay that connects
+// and stays silent holds up no migration.
 //
 // This package does not know what a migration is: the lead's migration code
 // defines the message types and the order of streams, and decides which

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"strconv"
 	"strings"
@@ -40,6 +41,12 @@ const (
 	// about half of it as window.
 	DefaultBufferBytes      = 75_000_000
 	DefaultHandshakeTimeout = 10 * time.Second
+	// DefaultMaxHandshakes bounds the handshakes a Listener runs at once
+	// (and their goroutines), DefaultMaxHandshakesPerSource those from one
+	// source address: an agent opens one connection per migration and
+	// one per page tunnel, each handshaked within milliseconds.
+	DefaultMaxHandshakes          = 64
+	DefaultMaxHandshakesPerSource = 4
 	// DefaultUserTimeout bounds unacknowledged data (TCP_USER_TIMEOUT):
 	// a cut link fails a migration's connection within it.
 	DefaultUserTimeout = 15 * time.Second
@@ -57,6 +64,11 @@ type NetConfig struct {
 	BufferBytes int
 	// HandshakeTimeout bounds TLS handshakes (within the ctx).
 	HandshakeTimeout time.Duration
+	// MaxHandshakes and MaxHandshakesPerSource bound the handshakes a
+	// Listener has under way, in all and from one source address; a
+	// connection over either limit is reset at once.
+	MaxHandshakes          int
+	MaxHandshakesPerSource int
 	// UserTimeout is the connection's TCP_USER_TIMEOUT: how long sent
 	// data may go unacknowledged (keepalive probes included) before the
 	// connection fails.
@@ -72,6 +84,12 @@ func (nc NetConfig) withDefaults() NetConfig {
 	}
 	if nc.UserTimeout == 0 {
 		nc.UserTimeout = DefaultUserTimeout
+	}
+	if nc.MaxHandshakes <= 0 {
+		nc.MaxHandshakes = DefaultMaxHandshakes
+	}
+	if nc.MaxHandshakesPerSource <= 0 {
+		nc.MaxHandshakesPerSource = DefaultMaxHandshakesPerSource
 	}
 	return nc
 }
@@ -145,14 +163,23 @@ func handshake(ctx context.Context, tc *tls.Conn, accepting bool) (*Conn, error)
 	if err != nil {
 		return nil, fmt.Errorf("%w: greeting from %s: %w", ErrHandshake, peer, err)
 	}
-	var h hello
-	if typ != helloType || json.Unmarshal(body, &h) != nil {
-		return nil, fmt.Errorf("%w: %s sent %q instead of a greeting", ErrHandshake, peer, typ)
-	}
-	if h.Version != ProtocolVersion {
-		return nil, fmt.Errorf("%w: %s speaks transfer protocol %d, this agent %d", ErrHandshake, peer, h.Version, ProtocolVersion)
+	if err := checkHello(typ, body); err != nil {
+		return nil, fmt.Errorf("%w: %s %w", ErrHandshake, peer, err)
 	}
 	return c, nil
+}
+
+// checkHello checks the accepting side's greeting, the first message a
+// dialling side reads (its type and body as ReadMsg returns them).
+func checkHello(typ string, body []byte) error {
+	var h hello
+	if typ != helloType || json.Unmarshal(body, &h) != nil {
+		return fmt.Errorf("sent %q instead of a greeting", typ)
+	}
+	if h.Version != ProtocolVersion {
+		return fmt.Errorf("speaks transfer protocol %d, this agent %d", h.Version, ProtocolVersion)
+	}
+	return nil
 }
 
 // prepareTLS copies cfg with the settings this protocol relies on: TLS 1.3
@@ -168,14 +195,42 @@ func prepareTLS(cfg *tls.Config) (*tls.Config, error) {
 }
 
 // Listener accepts authenticated agent connections. It is safe for
-// concurrent use; Accept calls are served one at a time.
+// concurrent use: concurrent Accept calls each get a different connection.
+//
+// Handshakes run concurrently, each in its own goroutine bounded by
+// NetConfig.HandshakeTimeout, outside any lock: a client that connects and
+// stays silent delays nobody else. At most NetConfig.MaxHandshakesPerSource
+// of them may be under way from one source address and MaxHandshakes in
+// all; a connection over either limit is reset at once.
 type Listener struct {
 	ln   *net.TCPListener
 	cfg  *tls.Config
 	nc   NetConfig
 	note string // openWindow's, for every connection
 
-	mu sync.Mutex // serialises Accept, which moves the listener's deadline
+	// ctx ends on Close: it aborts the handshakes under way and stops
+	// their delivery.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// accepted hands each handshake's outcome to an Accept call.
+	// Unbuffered: nothing is left in it on Close.
+	accepted chan acceptResult
+	loopDone chan struct{} // closed when the accept loop has ended
+	loopErr  error         // why, set before loopDone closes
+	wg       sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+
+	mu         sync.Mutex
+	handshakes int                // goroutines of handshakes, delivered or not
+	perSource  map[netip.Addr]int // handshakes under way from each address
+}
+
+// acceptResult is one handshake's outcome.
+type acceptResult struct {
+	c   *Conn
+	err error
 }
 
 // Listen listens on addr with NetConfig's defaults.
@@ -184,68 +239,159 @@ func Listen(ctx context.Context, addr string, cfg *tls.Config) (*Listener, error
 }
 
 // Listen listens for agents on addr (host:port; port 0 picks one) and
-// authenticates them with cfg (from pki.ServerConfig).
+// authenticates them with cfg (from pki.ServerConfig). Connections are
+// accepted and handshaked from now on, until Close.
 func (nc NetConfig) Listen(ctx context.Context, addr string, cfg *tls.Config) (*Listener, error) {
 	cfg, err := prepareTLS(cfg)
 	if err != nil {
 		return nil, err
 	}
 	nc = nc.withDefaults()
-	l := &Listener{cfg: cfg, nc: nc}
+	l := &Listener{cfg: cfg, nc: nc, accepted: make(chan acceptResult), loopDone: make(chan struct{}), perSource: map[netip.Addr]int{}}
 	lc := net.ListenConfig{KeepAliveConfig: keepAlive, Control: openWindow(nc.BufferBytes, &l.note)}
 	ln, err := lc.Listen(ctx, "tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", addr, err)
 	}
 	l.ln = ln.(*net.TCPListener)
+	l.ctx, l.cancel = context.WithCancel(context.Background())
+	l.wg.Add(1)
+	go l.acceptLoop()
 	return l, nil
 }
 
 // Addr is the address the listener is bound to.
 func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 
-// Close stops listening; a blocked Accept returns an error.
-func (l *Listener) Close() error { return l.ln.Close() }
+// Close stops listening, aborts the handshakes under way and waits for
+// them; a blocked Accept returns an error wrapping net.ErrClosed.
+func (l *Listener) Close() error {
+	l.closeOnce.Do(func() {
+		l.cancel()
+		l.closeErr = l.ln.Close()
+		l.wg.Wait()
+	})
+	return l.closeErr
+}
 
-// Accept waits for the next agent and authenticates it; Conn.Peer is its
-// verified node name, which the caller checks against its plan. A client
-// that fails the handshake gives an error wrapping ErrHandshake and the
-// listener stays usable; loop on it.
+// Accept waits for the next agent that completed its handshake; Conn.Peer
+// is its verified node name, which the caller checks against its plan. A
+// client that failed the handshake gives an error wrapping ErrHandshake
+// and the listener stays usable; loop on it. After Close the error wraps
+// net.ErrClosed.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	select {
+	case r := <-l.accepted:
+		return r.c, r.err
+	case <-ctx.Done():
+		return nil, fmt.Errorf("accept: %w", context.Cause(ctx))
+	case <-l.loopDone:
+		return nil, l.loopErr
+	}
+}
+
+// acceptLoop accepts connections until Close and starts a handshake for
+// each that the limits admit.
+func (l *Listener) acceptLoop() {
+	defer l.wg.Done()
+	defer close(l.loopDone)
+	var backoff time.Duration
+	for {
+		raw, err := l.ln.AcceptTCP()
+		if err != nil {
+			if l.ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				l.loopErr = fmt.Errorf("accept on %s: %w", l.ln.Addr(), net.ErrClosed)
+				return
+			}
+			// Out of file descriptors and the like: tell an Accept
+			// caller, and back off as net/http does.
+			if !l.deliver(acceptResult{err: fmt.Errorf("accept on %s: %w", l.ln.Addr(), err)}) {
+				continue // closed: the next AcceptTCP fails
+			}
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			select {
+			case <-time.After(backoff):
+			case <-l.ctx.Done():
+			}
+			continue
+		}
+		backoff = 0
+		src := sourceOf(raw)
+		if !l.admit(src) {
+			_ = raw.SetLinger(0) // a reset: nothing to wait for
+			_ = raw.Close()
+			continue
+		}
+		l.wg.Add(1)
+		go l.serveHandshake(raw, src)
+	}
+}
+
+// sourceOf is the address a connection comes from, the key of the
+// per-source limit.
+func sourceOf(raw *net.TCPConn) netip.Addr {
+	if a, ok := raw.RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// admit counts a handshake from src in, unless that exceeds a limit.
+func (l *Listener) admit(src netip.Addr) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	fired := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		_ = l.ln.SetDeadline(time.Unix(1, 0))
-		close(fired)
-	})
-	raw, err := l.ln.AcceptTCP()
-	if !stop() {
-		<-fired
-		_ = l.ln.SetDeadline(time.Time{})
+	if l.handshakes >= l.nc.MaxHandshakes || l.perSource[src] >= l.nc.MaxHandshakesPerSource {
+		return false
 	}
-	if err != nil {
-		if ctx.Err() != nil {
-			if raw != nil {
-				_ = raw.Close()
-			}
-			return nil, fmt.Errorf("accept: %w", context.Cause(ctx))
-		}
-		return nil, fmt.Errorf("accept on %s: %w", l.ln.Addr(), err)
-	}
+	l.handshakes++
+	l.perSource[src]++
+	return true
+}
+
+// serveHandshake authenticates raw and hands the outcome to an Accept
+// call. Its slot of the per-source limit is given back once the handshake
+// is over, its slot of the global one once the outcome was delivered.
+func (l *Listener) serveHandshake(raw *net.TCPConn, src netip.Addr) {
+	defer l.wg.Done()
+	defer func() {
+		l.mu.Lock()
+		l.handshakes--
+		l.mu.Unlock()
+	}()
 	note := joinNotes(l.note, tuneBuffers(raw, l.nc.BufferBytes))
 	if err := linux.SetTCPUserTimeout(raw, l.nc.UserTimeout); err != nil {
 		note = joinNotes(note, err.Error())
 	}
-	hctx, cancel := context.WithTimeout(ctx, l.nc.HandshakeTimeout)
-	defer cancel()
+	hctx, cancel := context.WithTimeout(l.ctx, l.nc.HandshakeTimeout)
 	c, err := handshake(hctx, tls.Server(raw, l.cfg), true)
+	cancel()
+	l.mu.Lock()
+	if l.perSource[src]--; l.perSource[src] == 0 {
+		delete(l.perSource, src)
+	}
+	l.mu.Unlock()
 	if err != nil {
 		_ = raw.Close()
-		return nil, fmt.Errorf("accept from %s: %w", raw.RemoteAddr(), err)
+		if l.ctx.Err() == nil {
+			l.deliver(acceptResult{err: fmt.Errorf("accept from %s: %w", raw.RemoteAddr(), err)})
+		}
+		return
 	}
 	c.note = note
-	return c, nil
+	if !l.deliver(acceptResult{c: c}) {
+		c.abort()
+	}
+}
+
+// deliver hands r to an Accept call; false when the listener was closed
+// first.
+func (l *Listener) deliver(r acceptResult) bool {
+	select {
+	case l.accepted <- r:
+		return true
+	case <-l.ctx.Done():
+		return false
+	}
 }
 
 // openWindow returns the Control of a dialer or listener that sizes the
