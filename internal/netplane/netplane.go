@@ -58,7 +58,8 @@ func Open(nsPath string, cfg Config) (*Plane, error) {
 func (p *Plane) Close() { p.h.Close() }
 
 // Setup creates (or adopts) the bridge and the VXLAN device with learning
-// off, attached to the bridge, and brings both up.
+// off, attached to the bridge, and brings both up; it removes the port
+// guards of veths that went while no agent ran (SweepGuards).
 func (p *Plane) Setup() error {
 	br, err := p.h.LinkByName(BridgeName)
 	if err != nil {
@@ -103,7 +104,7 @@ func (p *Plane) Setup() error {
 			return fmt.Errorf("up %s: %w", l.Attrs().Name, err)
 		}
 	}
-	return nil
+	return p.SweepGuards()
 }
 
 var zeroMAC = net.HardwareAddr{0, 0, 0, 0, 0, 0}
@@ -242,6 +243,9 @@ func (p *Plane) Attach(ep Endpoint, down bool) error {
 	if err != nil {
 		return err
 	}
+	if err := p.GuardPort(ep.Container, mac, ep.Addr.Addr()); err != nil {
+		return err
+	}
 	if err := p.h.LinkSetUp(hl); err != nil {
 		return err
 	}
@@ -294,9 +298,12 @@ func BringUp(ep Endpoint) error {
 	return nil
 }
 
-// Detach removes the container's node-side veth (its peer goes with it).
-// A missing veth is not an error.
+// Detach removes the container's node-side veth (its peer goes with it)
+// and its port guard. A missing veth is not an error.
 func (p *Plane) Detach(container string) error {
+	if err := p.UnguardPort(container); err != nil {
+		return err
+	}
 	l, err := p.h.LinkByName(HostIfName(container))
 	if err != nil {
 		var nf netlink.LinkNotFoundError
