@@ -400,7 +400,13 @@ func (c *Controller) migrate(d policy.Decision) {
 		return
 	}
 	s, _ := c.eng.Service(d.Service)
-	req := api.MigrateRequest{To: d.To, Strategy: d.Strategy}
+	// The agent budgets the frozen window and chooses compression for
+	// the link: without the rate it takes 1 Gbit/s whatever the link.
+	bps := d.Inputs.BandwidthBps
+	if bps <= 0 {
+		bps = c.eng.PathBps(d.From, d.To)
+	}
+	req := api.MigrateRequest{To: d.To, Strategy: d.Strategy, LinkBps: int64(bps)}
 	var jobs []api.Job
 	if s.Group {
 		// Its members move as one unit, each in a job of its own.

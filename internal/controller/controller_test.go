@@ -636,3 +636,26 @@ func TestSplitGroupReunited(t *testing.T) {
 		t.Fatalf("whole on node1: %+v", s)
 	}
 }
+
+// A path's rate is the slower of its two nodes' links, as their
+// heartbeats report them; unknown links count for nothing.
+func TestEnginePathBps(t *testing.T) {
+	e, err := NewEngine(topo.Line(3, 2, 300), radio.DefaultModel(), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for n, bps := range map[string]float64{"node0": 1e9, "node1": 100e6, "node2": 0} {
+		if err := e.Heartbeat(n, "", bps, nil, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, tc := range []struct {
+		from, to string
+		want     float64
+	}{{"node0", "node1", 100e6}, {"node1", "node0", 100e6}, {"node0", "node2", 1e9}, {"node2", "node2", 0}, {"node0", "nowhere", 1e9}} {
+		if got := e.PathBps(tc.from, tc.to); got != tc.want {
+			t.Errorf("PathBps(%s, %s) = %v, want %v", tc.from, tc.to, got, tc.want)
+		}
+	}
+}

@@ -485,6 +485,21 @@ func (e *Engine) decideLocked(name string, now time.Time) (policy.Decision, bool
 	return d, true
 }
 
+// PathBps is the bit rate of the path between nodes from and to, the
+// slower of their links as their heartbeats report them (the policies'
+// bandwidth); 0 when neither is known.
+func (e *Engine) PathBps(from, to string) float64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var bw float64
+	for _, name := range []string{from, to} {
+		if n, ok := e.nodes[name]; ok && n.LinkBps > 0 && (bw == 0 || n.LinkBps < bw) {
+			bw = n.LinkBps
+		}
+	}
+	return bw
+}
+
 // nodeLocked is the policy's view of a node; e.mu is held (Decide).
 func (e *Engine) nodeLocked(name string) (policy.Node, bool) {
 	n, ok := e.nodes[name]
