@@ -393,7 +393,7 @@ func deferToGate(inv *invocation, g *Gate, cgroups []CgroupDir) {
 			_ = unix.Setpriority(unix.PRIO_PGRP, pid, min(base+gatedNice, 19))
 		}
 	}
-	g.opening = func() {
+	g.setOpening(func() {
 		mu.Lock()
 		defer mu.Unlock()
 		opened = true
@@ -401,7 +401,7 @@ func deferToGate(inv *invocation, g *Gate, cgroups []CgroupDir) {
 		if pgid != 0 {
 			_ = unix.Setpriority(unix.PRIO_PGRP, pgid, base)
 		}
-	}
+	})
 }
 
 // gatedShares is the cpu.shares of a gated restore's cpu cgroup until its

@@ -247,8 +247,10 @@ func recordVersionReply(ctx context.Context, criu, path string) error {
 type Gate struct {
 	ready, open         chan struct{}
 	readyOnce, openOnce sync.Once
-	// opening, when set, runs in Open before the gate opens.
+	// opening, when set (setOpening), runs in Open before the gate
+	// opens; opened says Open began (both under mu).
 	opening func()
+	opened  bool
 	// prepare, when set, runs when the gate opens, before CRIU is let
 	// in; its failure calls CRIU off and is kept (prepared).
 	prepare func() error
@@ -275,11 +277,28 @@ func (g *Gate) Ready() <-chan struct{} { return g.ready }
 // Open lets CRIU dump the container.
 func (g *Gate) Open() {
 	g.openOnce.Do(func() {
-		if g.opening != nil {
-			g.opening()
+		g.mu.Lock()
+		fn := g.opening
+		g.opened = true
+		g.mu.Unlock()
+		if fn != nil {
+			fn()
 		}
 		close(g.open)
 	})
+}
+
+// setOpening makes fn run as the gate opens, or at once if it has: the
+// restore sets it on its own goroutine while the caller may be opening.
+func (g *Gate) setOpening(fn func()) {
+	g.mu.Lock()
+	if !g.opened {
+		g.opening = fn
+		g.mu.Unlock()
+		return
+	}
+	g.mu.Unlock()
+	fn()
 }
 
 func (g *Gate) markReady() { g.readyOnce.Do(func() { close(g.ready) }) }
