@@ -1,24 +1,15 @@
+//go:build !failpoints
+
 package agent
 
-import (
-	"os"
-	"path/filepath"
-)
+// Failpoints are compiled in only with the build tag failpoints
+// (failpoint_enabled.go, the Makefile's bin/edgehop-failpoints), the
+// agent the crash-recovery tests run. In this, the product build, a
+// failpoint never fires whatever the state directory holds: no file can
+// make the agent exit.
 
-// failpoint makes the agent exit at once, as a crash would, when
-// <state>/failpoint-<name> exists: crash-recovery tests create it to kill
-// the agent at a moment no outside observer can hit (between two journal
-// writes). The file is removed first, so the restarted agent goes on.
-// Operators never create these files; the check is one failed unlink.
-func (a *Agent) failpoint(name string) {
-	if os.Remove(filepath.Join(a.cfg.StateDir, "failpoint-"+name)) == nil {
-		a.log.Error("failpoint reached: exiting as a crash would", "failpoint", name)
-		os.Exit(137)
-	}
-}
+// failpoint does nothing: failpoints are not built in.
+func (a *Agent) failpoint(string) {}
 
-// failpointArmed reports whether failpoint name would fire (a stat).
-func (a *Agent) failpointArmed(name string) bool {
-	_, err := os.Stat(filepath.Join(a.cfg.StateDir, "failpoint-"+name))
-	return err == nil
-}
+// failpointArmed reports false: failpoints are not built in.
+func (a *Agent) failpointArmed(string) bool { return false }

@@ -453,7 +453,7 @@ func TestGroupPostCopySourceCrash(t *testing.T) {
 // finished restoring: the group ends whole on the destination, with the
 // clients' connections, the connection between the members, and the data.
 func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
-	e := newEnv(t)
+	e := newEnvWith(t, failpointBinary) // its agents exit at the failpoint
 	// db's restore on node1 takes 5 s longer: the restarted source finds
 	// it still restoring there (web restored), the case where rolling
 	// back on the member's own account would split the group.
@@ -482,7 +482,9 @@ func TestGroupCommitSurvivesSourceCrash(t *testing.T) {
 // migrateAcrossCrash arms failpoint on the agent of st.Nodes[node],
 // starts moving group "app" (two members) from node0 to node1 with
 // stop-and-copy, and waits, at most 3 minutes, until the failpoint has
-// fired and both members run on node1.
+// fired and both members run on node1. Only an agent built with the tag
+// failpoints has failpoints: e must come from newEnvWith(t,
+// failpointBinary).
 func (e *env) migrateAcrossCrash(st *testbed.State, node int, failpoint string) {
 	e.t.Helper()
 	fp := filepath.Join(st.Nodes[node].StateDir, "failpoint-"+failpoint)

@@ -2,10 +2,12 @@ package e2e
 
 import (
 	"bytes"
+	"debug/buildinfo"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -14,6 +16,7 @@ import (
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/runc"
+	"github.com/edgehop/edgehop/internal/testbed"
 	"github.com/edgehop/edgehop/internal/testutil"
 )
 
@@ -21,6 +24,10 @@ var (
 	buildOnce sync.Once
 	binPath   string
 	buildErr  error
+
+	failpointBuildOnce sync.Once
+	failpointBinPath   string
+	failpointBuildErr  error
 )
 
 // binary returns the edgehop binary under test: $EDGEHOP_BIN, or one built
@@ -30,33 +37,76 @@ func binary(t *testing.T) string {
 	if p := os.Getenv("EDGEHOP_BIN"); p != "" {
 		return p
 	}
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "edgehop-e2e")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "edgehop")
-		out, err := exec.Command("go", "build", "-o", binPath, "github.com/edgehop/edgehop/cmd/edgehop").CombinedOutput()
-		if err != nil {
-			buildErr = err
-			t.Logf("%s", out)
-			return
-		}
-		// The criu shim agents use when it is next to their binary.
-		if err := testutil.BuildCRIUShim(filepath.Join(dir, runc.ShimName)); err != nil {
-			t.Logf("criu shim not built: %v", err)
-		}
-		probe := filepath.Join(dir, "probe")
-		if out, err := exec.Command("go", "build", "-o", probe, "github.com/edgehop/edgehop/cmd/probe").CombinedOutput(); err != nil {
-			buildErr = err
-			t.Logf("%s", out)
-		}
-	})
+	buildOnce.Do(func() { binPath, buildErr = buildBinaries(t, "edgehop-e2e") })
 	if buildErr != nil {
 		t.Fatalf("build edgehop: %v", buildErr)
 	}
 	return binPath
+}
+
+// failpointBinary returns the edgehop binary built with the tag
+// failpoints, whose agents exit where a crash test arms a failpoint (the
+// product build has none, internal/agent/failpoint.go):
+// $EDGEHOP_FAILPOINT_BIN, which must exist and have the tag, or, when it
+// is not set (EDGEHOP_BIN set by hand, or not at all), one built once for
+// this test process.
+func failpointBinary(t *testing.T) string {
+	t.Helper()
+	const how = "build it with `make build` (go build -tags failpoints -o bin/edgehop-failpoints ./cmd/edgehop), " +
+		"or unset EDGEHOP_FAILPOINT_BIN to have the test build one"
+	if p := os.Getenv("EDGEHOP_FAILPOINT_BIN"); p != "" {
+		info, err := buildinfo.ReadFile(p)
+		if err != nil {
+			t.Fatalf("EDGEHOP_FAILPOINT_BIN=%s: %v: this test needs agents built with the tag failpoints: %s", p, err, how)
+		}
+		if !hasBuildTag(info, "failpoints") {
+			t.Fatalf("EDGEHOP_FAILPOINT_BIN=%s was built without the tag failpoints (its agents never crash at a failpoint): %s", p, how)
+		}
+		return p
+	}
+	failpointBuildOnce.Do(func() {
+		failpointBinPath, failpointBuildErr = buildBinaries(t, "edgehop-e2e-failpoints", "-tags", "failpoints")
+	})
+	if failpointBuildErr != nil {
+		t.Fatalf("build edgehop with the tag failpoints: %v", failpointBuildErr)
+	}
+	return failpointBinPath
+}
+
+// hasBuildTag says whether the binary of info was built with tag.
+func hasBuildTag(info *buildinfo.BuildInfo, tag string) bool {
+	for _, s := range info.Settings {
+		if s.Key == "-tags" && slices.Contains(strings.Split(s.Value, ","), tag) {
+			return true
+		}
+	}
+	return false
+}
+
+// buildBinaries builds edgehop with the go build flags given into a new
+// temporary directory named after pattern, with the criu shim and the
+// probe next to it as the Makefile puts them, and returns its path.
+func buildBinaries(t *testing.T, pattern string, flags ...string) (string, error) {
+	dir, err := os.MkdirTemp("", pattern)
+	if err != nil {
+		return "", err
+	}
+	bin := filepath.Join(dir, "edgehop")
+	args := append(append([]string{"build"}, flags...), "-o", bin, "github.com/edgehop/edgehop/cmd/edgehop")
+	if out, err := exec.Command("go", args...).CombinedOutput(); err != nil {
+		t.Logf("%s", out)
+		return "", err
+	}
+	// The criu shim agents use when it is next to their binary.
+	if err := testutil.BuildCRIUShim(filepath.Join(dir, runc.ShimName)); err != nil {
+		t.Logf("criu shim not built: %v", err)
+	}
+	probe := filepath.Join(dir, "probe")
+	if out, err := exec.Command("go", "build", "-o", probe, "github.com/edgehop/edgehop/cmd/probe").CombinedOutput(); err != nil {
+		t.Logf("%s", out)
+		return "", err
+	}
+	return bin, nil
 }
 
 // env is a testbed environment for one test.
@@ -69,10 +119,16 @@ type env struct {
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
+	return newEnvWith(t, binary)
+}
+
+// newEnvWith is newEnv with the edgehop binary that bin returns, e.g.
+// failpointBinary for the crash tests.
+func newEnvWith(t *testing.T, bin func(*testing.T) string) *env {
+	t.Helper()
 	testutil.RequireRoot(t)
 	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter")
-	e := &env{t: t, bin: binary(t), name: testutil.UniqueName("e"), root: t.TempDir()}
-	return e
+	return &env{t: t, bin: bin(t), name: testutil.UniqueName("e"), root: t.TempDir()}
 }
 
 // run runs edgehop with args and returns stdout, stderr and the error.
@@ -112,7 +168,45 @@ func (e *env) up(args ...string) {
 			e.t.Errorf("testbed down: %v: %s", err, errs)
 		}
 	})
+	e.failOnRaces()
 	e.must(append([]string{"testbed", "up"}, args...)...)
+}
+
+// raceReport starts what the race detector writes to a process's stderr
+// (an agent's: its log) when it finds a data race.
+const raceReport = "WARNING: DATA RACE"
+
+// failOnRaces has the test fail if a log of the env's testbed (agents,
+// controller, link daemon, supervisor) holds a race detector report,
+// which only a race-built binary writes (make race runs a few tests with
+// EDGEHOP_BIN=bin/edgehop-race and GORACE=halt_on_error=1, under which
+// the process exits after its first report and is restarted). Register
+// it after the testbed's teardown: cleanups run last registered first, so
+// it reads the logs before the teardown removes them.
+func (e *env) failOnRaces() {
+	e.t.Cleanup(func() {
+		dir := testbed.Dir(e.root, e.name)
+		var logs []string
+		for _, g := range []string{"*.log", "*/*.log", "nodes/*/*.log"} {
+			m, _ := filepath.Glob(filepath.Join(dir, g))
+			logs = append(logs, m...)
+		}
+		for _, f := range logs {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				continue
+			}
+			if i := bytes.Index(b, []byte(raceReport)); i >= 0 {
+				e.t.Errorf("%s: %d race detector report(s), the first:\n%s", strings.TrimPrefix(f, dir+"/"),
+					bytes.Count(b, []byte(raceReport)), firstLines(string(b[i:]), 80))
+			}
+		}
+	})
+}
+
+func firstLines(s string, n int) string {
+	lines := strings.SplitN(s, "\n", n+1)
+	return strings.Join(lines[:min(n, len(lines))], "\n")
 }
 
 // demoRun is an `edgehop demo` running on testbed e.name.

@@ -129,7 +129,7 @@ func names(ents []os.DirEntry) []string {
 // on node0) would split the pod's namespace across two nodes. The pod
 // ends whole on node1, with every connection and the data.
 func TestPodDestinationCrashAtRestore(t *testing.T) {
-	e := newEnv(t)
+	e := newEnvWith(t, failpointBinary) // its agents exit at the failpoint
 	st := e.upWithRunc(nil)
 	const n, size = 5_000, 1000
 	db, web := e.redisPair(st, n, size, true)

@@ -29,6 +29,7 @@ func (e *env) upAPI(spec testbed.Spec, o testbed.Options) *testbed.State {
 			e.t.Errorf("down: %v", err)
 		}
 	})
+	e.failOnRaces()
 	st, err := testbed.Up(context.Background(), spec, o)
 	if err != nil {
 		e.t.Fatalf("testbed up: %v", err)
