@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -16,10 +17,11 @@ import (
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/runc"
 	"github.com/edgehop/edgehop/internal/testbed"
+	"github.com/edgehop/edgehop/internal/units"
 )
 
 func init() {
-	register(command{name: "run", summary: "run a container on a node: run --node N --name S --image I [--ip A] -- CMD…", run: runRun})
+	register(command{name: "run", summary: "run a container on a node: run --node N --name S --image I [--ip A] [--memory 512m --pids 1024 --cpus 1.5] -- CMD…", run: runRun})
 	register(command{name: "ps", summary: "list containers on every node", run: runPs})
 	register(command{name: "logs", summary: "print a container's output (a group's: each member's)", run: runLogs})
 	register(command{name: "rm", summary: "stop and remove a container (a group: every member)", run: runRm})
@@ -102,9 +104,22 @@ func runRun(ctx context.Context, args []string) error {
 	pod := fs.String("pod", "", "make it a member of POD, a group whose members share one network namespace and address (the first member's), on one node")
 	var capAdd multiFlag
 	fs.Var(&capAdd, "cap-add", "give it capability CAP_X beyond the default set, which lacks CAP_MKNOD and CAP_NET_RAW (repeatable; it keeps them when it migrates)")
+	memory := fs.String("memory", "", "its memory limit, as 512m or 1.5g (default: the agent's, 2 GiB); it keeps it when it migrates")
+	pids := fs.Int64("pids", 0, "the most tasks it may have (default: the agent's, 4096)")
+	cpus := fs.Float64("cpus", 0, "the CPUs it may use, as 1.5 (a CFS quota; default: no quota)")
 	asJSON := fs.Bool("json", false, "print the container as JSON")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	var memBytes int64
+	if *memory != "" {
+		var err error
+		if memBytes, err = units.ParseSize(*memory); err != nil || memBytes == 0 {
+			return fmt.Errorf("%w: --memory %q: want a size such as 512m or 2g", errUsage, *memory)
+		}
+	}
+	if *pids < 0 || *cpus < 0 {
+		return fmt.Errorf("%w: --pids and --cpus must be positive", errUsage)
 	}
 	for _, c := range capAdd {
 		if _, err := runc.ParseCapability(c); err != nil {
@@ -156,7 +171,8 @@ func runRun(ctx context.Context, args []string) error {
 	}
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
 	defer cancel()
-	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env, Group: *group, After: deps, Pod: *pod, CapAdd: capAdd})
+	c, err := agents(st)[*node].Run(rctx, api.RunRequest{Name: *name, Image: *img, IP: *ip, Args: rest, Env: env, Group: *group, After: deps, Pod: *pod, CapAdd: capAdd,
+		Memory: memBytes, Pids: *pids, CPUs: *cpus})
 	if err != nil {
 		return err
 	}
@@ -165,6 +181,25 @@ func runRun(ctx context.Context, args []string) error {
 	}
 	fmt.Printf("%s running on %s at %s\n", c.Name, c.Node, c.IP)
 	return nil
+}
+
+// formatLimits writes a container's cgroup limits: "512 MiB, 1024 pids,
+// 1.5 cpus"; "-" for none.
+func formatLimits(c api.Container) string {
+	var parts []string
+	if c.MemoryLimit > 0 {
+		parts = append(parts, fmt.Sprintf("%g MiB", math.Round(float64(c.MemoryLimit)/(1<<20)*10)/10))
+	}
+	if c.PidsLimit > 0 {
+		parts = append(parts, fmt.Sprintf("%d pids", c.PidsLimit))
+	}
+	if c.CPUs > 0 {
+		parts = append(parts, fmt.Sprintf("%g cpus", c.CPUs))
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
 }
 
 // podHolder reports whether c is a pod's first member, whose network
@@ -213,7 +248,7 @@ func runPs(ctx context.Context, args []string) error {
 		at[c.Group] = c.Node
 	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(w, "NAME\tGROUP\tNODE\tIMAGE\tIP\tPORTS\tUSER\tSTATUS\tPID")
+	fmt.Fprintln(w, "NAME\tGROUP\tNODE\tIMAGE\tIP\tPORTS\tUSER\tSTATUS\tPID\tLIMITS")
 	for _, c := range all {
 		ports, user, group := strings.Join(c.Ports, ","), c.User, c.Group
 		if ports == "" {
@@ -236,7 +271,7 @@ func runPs(ctx context.Context, args []string) error {
 		if user == "" {
 			user = "root"
 		}
-		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\n", c.Name, group, c.Node, c.Image, c.IP, ports, user, c.Status, c.PID)
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", c.Name, group, c.Node, c.Image, c.IP, ports, user, c.Status, c.PID, formatLimits(c))
 	}
 	if ferr := w.Flush(); ferr != nil {
 		return ferr

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/edgehop/edgehop/internal/image"
+	"github.com/edgehop/edgehop/internal/units"
 )
 
 func init() {
@@ -123,13 +124,18 @@ func imageList(args []string) error {
 func imageImport(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("image import", flag.ContinueOnError)
 	root := imageRootFlag(fs)
+	maxSize := fs.String("max-size", "8GiB", "refuse a source larger than this (as read: the file, decompressed, its files)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	limit, err := units.ParseSize(*maxSize)
+	if err != nil || limit <= 0 {
+		return fmt.Errorf("%w: --max-size %q: want a size such as 8GiB", errUsage, *maxSize)
 	}
 	if fs.NArg() != 2 {
 		return fmt.Errorf("%w: want NAME PATH\n%s", errUsage, imageUsage)
 	}
-	img, err := image.Import(ctx, *root, fs.Arg(0), fs.Arg(1))
+	img, err := image.Import(ctx, *root, fs.Arg(0), fs.Arg(1), limit)
 	if err != nil {
 		return err
 	}

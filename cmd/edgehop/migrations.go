@@ -64,6 +64,9 @@ func runMigrations(ctx context.Context, args []string) error {
 		if j.Progress != nil {
 			phase = j.Progress.Phase
 		}
+		if j.State == "queued" {
+			phase = j.Reason
+		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", j.ID, j.Node, j.Role, j.Container, j.From, j.To,
 			j.Strategy, j.State, phase, j.Started.Local().Format("15:04:05"))
 	}

@@ -40,10 +40,11 @@ type Agent struct {
 	// without them.
 	cgroupV1 *runc.CgroupV1
 
-	mu         sync.Mutex            // guards containers, busy and ipReserved
-	containers map[string]*container // by name
-	busy       map[string]bool       // names with an operation in progress
-	ipReserved map[netip.Addr]string // addresses held for a container being created or received
+	mu         sync.Mutex               // guards containers, busy, ipReserved and released
+	containers map[string]*container    // by name
+	busy       map[string]bool          // names with an operation in progress
+	ipReserved map[netip.Addr]string    // addresses held for a container being created or received
+	released   map[netip.Addr]time.Time // addresses rm released, and when (allocIP, addrCooldown)
 
 	// restored: members of group migrations restored here, so that a
 	// member is released only after those it depends on.
@@ -55,6 +56,7 @@ type Agent struct {
 	runCtx  context.Context // the agent's lifetime; jobs run on it
 	journal *journal.Journal
 	jobs    jobs
+	admit   *admission // the cap of concurrent migrations, reservations of incoming ones
 	metrics *metrics.Metrics
 
 	imgMu sync.Mutex // serialises image unpacking
@@ -77,7 +79,7 @@ func New(cfg Config) (*Agent, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	a := &Agent{cfg: cfg, log: log.With("node", cfg.Node), containers: map[string]*container{}, busy: map[string]bool{},
-		peers: map[string]*api.Client{}, runCtx: context.Background()}
+		peers: map[string]*api.Client{}, runCtx: context.Background(), admit: newAdmission(cfg.MaxMigrations)}
 	a.metrics = metrics.New(metrics.Gauges{
 		Containers: func() int {
 			a.mu.Lock()
@@ -507,6 +509,7 @@ func (a *Agent) forget(e api.Endpoint) error {
 	if err != nil {
 		return fmt.Errorf("%w: endpoint mac %q", ErrInvalid, e.MAC)
 	}
+	a.releasedAddr(e.IP)
 	a.fdb.Lock()
 	defer a.fdb.Unlock()
 	a.fdb.announced(mac.String(), time.Now())

@@ -67,6 +67,12 @@ type Config struct {
 	// warnings; 4 is every step, as runc asks for, for diagnosis (a few
 	// ms of the frozen window for a small service, tens for a large one).
 	CRIULogLevel int `json:"criu_log_level,omitempty"`
+	// MaxMigrations is how many migrations the node takes part in at
+	// once, incoming and outgoing together (a group's members count as
+	// one); 0 is DefaultMaxMigrations. Outgoing ones beyond it wait,
+	// their jobs "queued"; incoming ones are refused for now and their
+	// sources wait and ask again.
+	MaxMigrations int `json:"max_migrations,omitempty"`
 
 	Log *slog.Logger `json:"-"`
 }
@@ -100,6 +106,9 @@ func (c Config) Validate() error {
 	}
 	if c.CRIULogLevel < 0 || c.CRIULogLevel > 4 {
 		errs = append(errs, fmt.Errorf("criu_log_level %d: want 1 (errors) to 4 (every step), or 0 for the default (2)", c.CRIULogLevel))
+	}
+	if c.MaxMigrations < 0 {
+		errs = append(errs, fmt.Errorf("max_migrations %d: want at least 1, or 0 for the default (%d)", c.MaxMigrations, DefaultMaxMigrations))
 	}
 	if c.VNI <= 0 || c.VNI >= 1<<24 {
 		errs = append(errs, fmt.Errorf("vni %d out of range", c.VNI))

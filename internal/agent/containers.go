@@ -181,23 +181,67 @@ func (a *Agent) release(name string) {
 // allocIP picks the lowest free address of the node's range, avoiding
 // local containers, reservations and every MAC the overlay knows
 // elsewhere, and reserves it for name until the returned release.
+// Addresses released within addrCooldown come last (pickIP).
 func (a *Agent) allocIP(name string) (netip.Addr, func(), error) {
 	remote, _ := a.plane.Remotes()
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	ip := a.cfg.Range.Masked().Addr().Next()
-	for ; a.cfg.Range.Contains(ip); ip = ip.Next() {
-		if ip.As4()[3] == 0 || ip.As4()[3] == 255 || ip == a.cfg.Gateway {
+	ip, ok := pickIP(a.cfg.Range, a.cfg.Gateway, func(ip netip.Addr) bool {
+		_, elsewhere := remote[netplane.MACFor(ip).String()]
+		return elsewhere || a.ipUserLocked(ip) != ""
+	}, a.released, time.Now())
+	if !ok {
+		return netip.Addr{}, nil, fmt.Errorf("no free address left in %v", a.cfg.Range)
+	}
+	delete(a.released, ip)
+	return ip, a.reserveLocked(ip, name), nil
+}
+
+// addrCooldown is how long an address released by rm (here, or withdrawn
+// by a peer) is handed out only when no other is free: a node the
+// withdrawal did not reach may still forward it to the old node, and a
+// bridge ages a learned entry out after 300 s.
+const addrCooldown = 5 * time.Minute
+
+// pickIP returns the lowest address of rng that is neither the network,
+// broadcast or gateway address nor taken, preferring those not released
+// within addrCooldown before now.
+func pickIP(rng netip.Prefix, gateway netip.Addr, taken func(netip.Addr) bool, released map[netip.Addr]time.Time, now time.Time) (netip.Addr, bool) {
+	var cooling netip.Addr
+	for ip := rng.Masked().Addr().Next(); rng.Contains(ip); ip = ip.Next() {
+		if ip.As4()[3] == 0 || ip.As4()[3] == 255 || ip == gateway || taken(ip) {
 			continue
 		}
-		if _, elsewhere := remote[netplane.MACFor(ip).String()]; elsewhere {
+		if at, ok := released[ip]; ok && now.Sub(at) < addrCooldown {
+			if !cooling.IsValid() {
+				cooling = ip
+			}
 			continue
 		}
-		if a.ipUserLocked(ip) == "" {
-			return ip, a.reserveLocked(ip, name), nil
+		return ip, true
+	}
+	return cooling, cooling.IsValid()
+}
+
+// releasedAddr records that ip stopped serving (rm here, a peer's
+// withdrawal): allocIP hands it out last for a while.
+func (a *Agent) releasedAddr(ip string) {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.released == nil {
+		a.released = map[netip.Addr]time.Time{}
+	}
+	now := time.Now()
+	for k, at := range a.released {
+		if now.Sub(at) >= addrCooldown {
+			delete(a.released, k)
 		}
 	}
-	return netip.Addr{}, nil, fmt.Errorf("no free address left in %v", a.cfg.Range)
+	a.released[addr] = now
 }
 
 // reserveIP checks that ip is a usable overlay address nobody else uses
@@ -335,6 +379,10 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	if err != nil {
 		return api.Container{}, fmt.Errorf("%w: %v", ErrInvalid, err)
 	}
+	memLimit, pidsLimit, cpuMillis, err := limitsFor(r)
+	if err != nil {
+		return api.Container{}, fmt.Errorf("%w: %v", ErrInvalid, err)
+	}
 	if _, err := a.claim(r.Name, false); err != nil {
 		return api.Container{}, err
 	}
@@ -392,7 +440,8 @@ func (a *Agent) Create(ctx context.Context, r api.RunRequest) (_ api.Container, 
 	m := meta{Name: r.Name, Image: r.Image, Digest: digest, IP: ip.String(), MAC: netplane.MACFor(ip).String(),
 		Args: args, Env: append(append([]string{}, icfg.Env...), r.Env...), Cwd: icfg.WorkingDir, Created: time.Now().UTC(),
 		Process: migration.Process{User: icfg.User, StopSignal: icfg.StopSignal, Ports: icfg.ExposedPorts, Volumes: icfg.Volumes,
-			ShmInLayer: true, Group: r.Group, After: r.After, PodNet: podNet, CapAdd: caps}}
+			ShmInLayer: true, Group: r.Group, After: r.After, PodNet: podNet, CapAdd: caps,
+			MemoryLimit: memLimit, PidsLimit: pidsLimit, CPUMillis: cpuMillis}}
 	if err := checkProcess(m.Name, m.Process); err != nil {
 		return api.Container{}, fmt.Errorf("%w: image %q or request: %v", ErrInvalid, r.Image, err)
 	}
@@ -517,6 +566,9 @@ func (a *Agent) runcSpec(m meta) (runc.Spec, error) {
 	s := runc.Spec{Rootfs: a.rootfs(m.Name), Args: m.Args, Env: m.Env, Cwd: m.Cwd, Hostname: m.Name,
 		UID: m.UID, GID: m.GID, Groups: m.Groups, Mounts: a.volumeMounts(m),
 		NetNSPath: a.nsPath(m.netOwner()), CgroupsPath: a.cgroupsPath(m.Name),
+		// The same limits on the source and, from the migrated Process,
+		// on the destination, whose runc restore applies them.
+		MemoryLimit: m.MemoryLimit, PidsLimit: m.PidsLimit, CPUMillis: m.CPUMillis,
 		Annotations: map[string]string{runc.CRIUConfigAnnotation: a.criuConfig()}}
 	// The same set on the source and, from the migrated Process, on the
 	// destination (checkProcess has checked the names).
@@ -615,9 +667,10 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 // readMeta is the container's recorded description, or one naming only
 // it when there is none.
 func (a *Agent) readMeta(name string) meta {
-	m := meta{Name: name}
-	if b, err := os.ReadFile(filepath.Join(a.dir(name), "meta.json")); err == nil && json.Unmarshal(b, &m) == nil && m.Name == name {
-		return m
+	if b, err := os.ReadFile(filepath.Join(a.dir(name), "meta.json")); err == nil {
+		if m, err := decodeMeta(b); err == nil && m.Name == name {
+			return m
+		}
 	}
 	return meta{Name: name}
 }
@@ -706,8 +759,11 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 	defer cancel()
 	if c.meta.joined() {
 		// The address stays the pod's.
-	} else if err := a.announce(actx, ep, true); err != nil {
-		a.log.Warn("withdraw endpoint", "container", name, "err", err)
+	} else {
+		a.releasedAddr(c.meta.IP)
+		if err := a.announce(actx, ep, true); err != nil {
+			a.log.Warn("withdraw endpoint", "container", name, "err", err)
+		}
 	}
 	a.log.Info("container removed", "container", name)
 	return nil
@@ -716,7 +772,8 @@ func (a *Agent) Remove(ctx context.Context, name string) error {
 func (a *Agent) describe(ctx context.Context, c *container) api.Container {
 	out := api.Container{Name: c.meta.Name, Node: a.cfg.Node, Image: c.meta.Image, IP: c.meta.IP, MAC: c.meta.MAC,
 		Args: c.meta.Args, Created: c.meta.Created, Status: "unknown", User: c.meta.User, Ports: c.meta.Ports,
-		Group: c.meta.Group, After: c.meta.After, CapAdd: c.meta.CapAdd}
+		Group: c.meta.Group, After: c.meta.After, CapAdd: c.meta.CapAdd,
+		MemoryLimit: c.meta.MemoryLimit, PidsLimit: c.meta.PidsLimit, CPUs: float64(c.meta.CPUMillis) / 1000}
 	if c.meta.PodNet != "" {
 		out.Pod = c.meta.Group
 		if c.meta.joined() {
@@ -788,8 +845,8 @@ func (a *Agent) loadContainers(ctx context.Context) error {
 		if err != nil {
 			continue
 		}
-		var m meta
-		if err := json.Unmarshal(b, &m); err != nil {
+		m, err := decodeMeta(b)
+		if err != nil {
 			a.log.Warn("skip container with unreadable meta", "dir", e.Name(), "err", err)
 			continue
 		}

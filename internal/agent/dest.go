@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -58,7 +59,9 @@ func (a *Agent) serveMigrations(ctx context.Context, l *transfer.Listener) {
 				}
 				return
 			}
-			if err := a.receive(ctx, conn, typ, body); err != nil {
+			if err := a.receive(ctx, conn, typ, body); errors.Is(err, errBusy) {
+				a.log.Info("incoming migration refused for now", "from", conn.Peer(), "reason", err)
+			} else if err != nil {
 				a.log.Warn("incoming migration failed", "from", conn.Peer(), "err", err)
 			}
 		}()
@@ -86,7 +89,11 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	refuse := func(err error) error {
 		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		defer cancel()
-		_ = conn.WriteMsg(wctx, migration.MsgAbort, migration.Abort{Reason: fmt.Sprintf("%s: %v", a.cfg.Node, err)})
+		ab := migration.Abort{Reason: fmt.Sprintf("%s: %v", a.cfg.Node, err)}
+		if errors.Is(err, errBusy) {
+			ab.RetryAfterMs = int(busyRetry / time.Millisecond)
+		}
+		_ = conn.WriteMsg(wctx, migration.MsgAbort, ab)
 		return err
 	}
 	if err := decodeStrict(body, &p); err != nil {
@@ -98,15 +105,24 @@ func (a *Agent) receive(ctx context.Context, conn *transfer.Conn, typ string, bo
 	if a.cfg.Role != RoleNode {
 		return refuse(fmt.Errorf("%s does not run containers", a.cfg.Node))
 	}
-	if err := a.checkScratchSpace(p); err != nil {
-		return refuse(err)
-	}
 	if _, err := a.journal.Get(p.ID); err == nil {
 		return refuse(fmt.Errorf("%w: migration %s is already known here", ErrConflict, p.ID))
 	}
+	// A group's members share their unit's slot; the source waits and
+	// asks again while there is none (errBusy).
+	slot := cmp.Or(p.Unit, p.ID)
+	if !a.admit.tryAcquire(slot) {
+		return refuse(&busyError{reason: a.admit.capReason(a.cfg.Node)})
+	}
+	defer a.admit.release(slot)
+	if err := a.checkScratchSpace(p); err != nil {
+		return refuse(err)
+	}
+	defer a.admit.unreserve(p.ID)
 	j := newJob(p.ID, migration.RoleDestination, p.Name, p.From, a.cfg.Node, p.Strategy, nil)
 	in := &incoming{a: a, job: j, m: migration.NewDest(p.Strategy), conn: conn, p: p,
 		rec: journal.Record{ID: p.ID, Role: migration.RoleDestination, Container: p.Name, Peer: p.From, Strategy: p.Strategy, Unit: p.Unit}}
+	j.setQueued("") // admitted
 	a.jobs.add(j)
 	a.metrics.MigrationStarted(migration.RoleDestination)
 	acts, err := in.m.Step(migration.Event{Kind: migration.EvStart})
@@ -148,6 +164,11 @@ type incoming struct {
 	recvMs      float64
 	mountMs     float64
 	pagesDaemon *runc.Daemon
+	// commitRead is closed once the source's commit is in (journaled
+	// here, or its record failed: the source's journal decides); until
+	// then the page proxy keeps the lazy session from ending
+	// (lazyproxy.PrefetchConfig.Release). nil: none to release.
+	commitRead chan struct{}
 	// pageDial reaches the source for the page tunnel (lazy strategies:
 	// dialled as the freeze is announced, predialTunnel).
 	pageDial func(context.Context) (*transfer.Conn, error)
@@ -199,7 +220,11 @@ func (in *incoming) perform(ctx context.Context, acts []migration.Action) (migra
 		}
 		switch act.Kind {
 		case migration.ActJournal:
-			if err := in.journal(act.Phase); err != nil {
+			err := in.journal(act.Phase)
+			if act.Phase == migration.Committed {
+				in.releaseLazySession()
+			}
+			if err != nil {
 				if act.Phase.Final() || act.Phase == migration.Committed {
 					// The source's journal decides a commit; a record that
 					// did not reach the disk changes nothing about it.
@@ -300,6 +325,9 @@ func (in *incoming) setup(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if err := a.checkPrepareUser(p, lower); err != nil {
+		return err
+	}
 	in.lower = lower
 	m := meta{Name: p.Name, Image: p.Image, Digest: digest, IP: p.IP, MAC: p.MAC, Args: p.Args, Env: p.Env, Cwd: p.Cwd, Created: time.Now().UTC(), Incoming: true,
 		Process: p.Process}
@@ -361,6 +389,7 @@ func (in *incoming) setup(ctx context.Context) error {
 		if in.store, err = precopy.NewStore(filepath.Join(a.scratchDir(), p.Name+"-store"), a.log); err != nil {
 			return err
 		}
+		in.store.SetMaxBytes(stateLimit(p))
 		in.cleanup = append(in.cleanup, func() { in.store.Close() })
 	}
 	return nil
@@ -409,7 +438,7 @@ func (in *incoming) receiveLiveLayer(ctx context.Context, ll migration.LiveLayer
 	}
 	var err error
 	if ll.Layer {
-		err = in.receiveLayerAndStart(ctx, in.p.MemoryBytes+maxStateSlack)
+		err = in.receiveLayerAndStart(ctx, stateLimit(in.p))
 	} else {
 		err = in.receiveDescriptorsAndStart(ctx)
 	}
@@ -531,28 +560,67 @@ const scratchHeadroom = 32 << 20
 // checkScratchSpace refuses, before anything is frozen, a migration whose
 // images cannot fit in this node's scratch space: the service's memory
 // (its pages arrive in images, or in the pre-copy store) plus headroom;
-// post-copy's images hold no pages.
+// post-copy's images hold no pages. It reserves that space, and the
+// service's memory, until the migration ends (a.admit.unreserve): a
+// migration that would fit but for what other incoming migrations
+// reserved is refused for now (errBusy), and its source waits. The
+// others' reservations are counted whole although part of them is
+// already written (and so out of the free space): a conservative
+// estimate, which costs a wait, never a failure. Members of one group
+// reserve together: their sum must fit in the scratch space's size.
 func (a *Agent) checkScratchSpace(p migration.Prepare) error {
+	free, size := int64(-1), int64(-1)
 	var st unix.Statfs_t
-	if err := unix.Statfs(a.scratchDir(), &st); err != nil {
-		return nil // unknown: the transfer's own bound decides
+	if err := unix.Statfs(a.scratchDir(), &st); err == nil {
+		free, size = int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
 	}
-	free := int64(st.Bavail) * st.Bsize
 	need := int64(scratchHeadroom)
 	if !p.Strategy.Lazy() {
 		need += p.MemoryBytes
 	}
-	if free < need {
-		return fmt.Errorf("%w: no space for %s on %s: its scratch space has %s free, the migration needs about %s (%s of memory); raise the node's scratch_mb or use post-copy",
-			ErrInvalid, p.Name, a.cfg.Node, units.FormatSize(free), units.FormatSize(need), units.FormatSize(p.MemoryBytes))
-	}
-	return nil
+	avail := linux.AvailableMemory()
+	r := reservation{unit: p.Unit, scratch: need, memory: p.MemoryBytes}
+	return a.admit.reserve(p.ID, r, func(others, ownUnit reservation) error {
+		if free < 0 { // unknown: the transfer's own bound decides
+			return nil
+		}
+		if free < need {
+			return fmt.Errorf("%w: no space for %s on %s: its scratch space has %s free, the migration needs about %s (%s of memory); raise the node's scratch_mb or use post-copy",
+				ErrInvalid, p.Name, a.cfg.Node, units.FormatSize(free), units.FormatSize(need), units.FormatSize(p.MemoryBytes))
+		}
+		if p.Unit != "" && need+ownUnit.scratch > size {
+			return fmt.Errorf("%w: no space for group %s on %s: its members need about %s of scratch space together, which has %s; raise the node's scratch_mb or use post-copy",
+				ErrInvalid, p.Group, a.cfg.Node, units.FormatSize(need+ownUnit.scratch), units.FormatSize(size))
+		}
+		if free-others.scratch < need {
+			return &busyError{reason: fmt.Sprintf("scratch space of %s reserved by other incoming migrations: %s free, %s of it reserved, %s needed",
+				a.cfg.Node, units.FormatSize(free), units.FormatSize(others.scratch), units.FormatSize(need))}
+		}
+		if others.memory > 0 && avail > 0 && avail-others.memory < p.MemoryBytes {
+			return &busyError{reason: fmt.Sprintf("memory of %s reserved by other incoming migrations: %s available, %s of it reserved, %s needed",
+				a.cfg.Node, units.FormatSize(avail), units.FormatSize(others.memory), units.FormatSize(p.MemoryBytes))}
+		}
+		return nil
+	})
 }
 
 // maxStateSlack is what the images may exceed the service's reported
 // memory by: CRIU's metadata, page tables of a growing service, the
 // writable layer's files.
 const maxStateSlack = 512 << 20
+
+// stateLimit bounds each stream of p's state this side receives (a
+// pre-copy round, the final delta, the images, the layer's delta):
+// twice the memory the source declared, plus maxStateSlack. The
+// declared figure is the cgroup's anonymous memory (cgroupRSS); CRIU's
+// images hold more than that: shared memory (SysV, memfd, shared
+// anonymous mappings: pages-shmem images) is not in it, nor a page a
+// forked worker still shares with its master, which CRIU dumps once per
+// process (docs/measurements.md: WordPress's workers share none, other
+// preforking servers may). Twice, not once, so a service with that much
+// shared state is not refused; the bound still stops a peer that would
+// fill the scratch space (checkScratchSpace weighed the declared figure).
+func stateLimit(p migration.Prepare) int64 { return 2*p.MemoryBytes + maxStateSlack }
 
 // sourceGaveUp returns the source's abort when err is one met where a
 // stream was wanted (the source rolled back mid-transfer), err otherwise.
@@ -584,7 +652,7 @@ func (in *incoming) receiveState(ctx context.Context) error {
 // receiveStreams is receiveState's work.
 func (in *incoming) receiveStreams(ctx context.Context) error {
 	t := time.Now()
-	limit := in.p.MemoryBytes + maxStateSlack
+	limit := stateLimit(in.p)
 	if in.frozen.LayerFirst {
 		err := in.receiveLayerFirst(ctx, limit)
 		in.recvMs = migration.Ms(time.Since(t))
@@ -803,6 +871,12 @@ func (in *incoming) startGated(ctx context.Context, urgent bool) error {
 // packets stay held.
 func (in *incoming) restore(ctx context.Context) error {
 	a, p := in.a, in.p
+	if err := in.checkImageCreds(); err != nil {
+		if in.gated != nil {
+			in.gated.stop(err)
+		}
+		return err
+	}
 	var lf *os.File
 	var run func(ctx context.Context) error
 	if in.gated != nil {
@@ -912,17 +986,33 @@ func (in *incoming) startPages(ctx context.Context) error {
 	if rerr != nil {
 		a.log.Warn("lazy pages: no prefetch (lazy runs unreadable)", "container", p.Name, "err", rerr)
 	}
-	pageServer := tun.Addr().String()
-	if in.store != nil || rerr == nil {
-		if pageServer, err = a.serveLazyPages(tctx, p.Name, pageServer, in.store, runs, p.MemoryBytes); err != nil {
-			return fmt.Errorf("page proxy: %w", err)
-		}
+	if in.store == nil && rerr != nil {
+		// Without the proxy nothing would hold the session's end until
+		// the commit (below); CRIU's restore reads the same pagemaps.
+		return fmt.Errorf("lazy pages: the dump's lazy runs: %w", rerr)
+	}
+	// The session with the source's page server ends only after the
+	// commit: its end makes CRIU kill the source's dumped tasks, which
+	// a rollback before the commit resumes.
+	in.commitRead = make(chan struct{})
+	pageServer, err := a.serveLazyPages(tctx, p.Name, tun.Addr().String(), in.store, runs, p.MemoryBytes, in.commitRead)
+	if err != nil {
+		return fmt.Errorf("page proxy: %w", err)
 	}
 	if in.pagesDaemon, err = a.rt.StartLazyPages(tctx, runc.LazyPagesOpts{ImagePath: in.imgDir, WorkPath: in.workDir(), PageServer: pageServer}); err != nil {
 		return fmt.Errorf("lazy-pages daemon: %w", err)
 	}
 	in.cleanup = append(in.cleanup, in.pagesDaemon.Stop)
 	return nil
+}
+
+// releaseLazySession lets the lazy session end (commitRead): the source
+// has committed.
+func (in *incoming) releaseLazySession() {
+	if in.commitRead != nil {
+		close(in.commitRead)
+		in.commitRead = nil
+	}
 }
 
 // mountRootfs mounts the root file system on the received layer and

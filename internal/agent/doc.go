@@ -15,6 +15,31 @@
 // journaling every phase before acting on it. recover.go settles, at
 // start, every migration the journal shows unfinished.
 //
+// Admission (admission.go): a node takes part in at most
+// Config.MaxMigrations migrations at once (default 2, incoming and
+// outgoing together), so that their images in tmpfs and their
+// compression do not get the agent OOM-killed or starve the services.
+// A slot is held by a migration, or by a group's unit as a whole (its
+// members meet at barriers and must run together, so a group larger
+// than the cap still moves). An outgoing migration beyond the cap waits
+// before its machine starts, its job "queued" with the reason, first
+// come first served, at most 10 minutes; cancelling it then is a plain
+// abort. A destination at its cap answers the Prepare with a temporary
+// abort (migration.Abort RetryAfterMs), and the source, still before
+// anything is frozen, gives its own slot back (two nodes migrating to
+// each other would otherwise wait for each other), waits queued and
+// asks again. The destination reserves each incoming migration's
+// scratch space and memory until it ends (checkScratchSpace): one that
+// would fit but for the others' reservations is refused for now in the
+// same way; one that could never fit is refused for good. None of this
+// runs inside the frozen window.
+//
+// Every container runs under cgroup limits of memory, tasks and CPU
+// (limits.go: `edgehop run --memory --pids --cpus`, defaults 2 GiB, 4096,
+// no quota), kept in its meta and sent in the Prepare
+// (migration.Process), so the destination's bundle names the same and
+// runc's restore applies them to CRIU and the restored tasks.
+//
 // A group's members migrate as one unit (unit.go): a job each, which
 // meet at two barriers, before the freeze and before the commit, so a
 // failure up to the commit rolls every member back; the destination
@@ -219,7 +244,16 @@
 // the dumped tasks; so every hop of a session that ends without a CLOSE
 // (B's proxy, the tunnel on both sides, hybrid's source proxy) resets its
 // connection instead, the dump fails and CRIU resumes the service on A,
-// which a hand-back needs.
+// which a hand-back needs. For the same reason B's proxy holds every
+// CLOSE (its own and the daemon's) until the commit is in its journal
+// (lazyproxy.PrefetchConfig.Release): a group member restored and served
+// whole while another still dumped once ended its session early, CRIU
+// killed its tasks and runc removed the container, so a rollback before
+// the commit (the source agent's crash) found only page-less images.
+// A destination agent that restarts during the lazy phase loses its
+// lazy-pages daemon and proxy, and with them the pages still on A: A
+// then asks B whether the copy runs (ActCheckDest) and reports the
+// migration lost, never ok, when it does not.
 // Both ends of CRIU's page-server session cork their sockets, and the
 // daemon's CLOSE and the server's answer to it each waited out the kernel's
 // 200 ms cork timeout; the proxy closes the session itself once the daemon

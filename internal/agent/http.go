@@ -18,6 +18,7 @@ import (
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/netplane"
 	"github.com/edgehop/edgehop/internal/pki"
+	"github.com/edgehop/edgehop/internal/runc"
 )
 
 // The agent serves two APIs, and never one on the other's listener:
@@ -202,7 +203,12 @@ func (a *Agent) peerHandler() http.Handler {
 			writeErr(w, fmt.Errorf("%w: migration %s is not %s's", ErrForbidden, rec.ID, peerOf(r.Context()).Name))
 			return
 		}
-		writeJSON(w, http.StatusOK, api.PeerPhase{ID: rec.ID, Role: string(rec.Role), Phase: string(rec.Phase)})
+		ph := api.PeerPhase{ID: rec.ID, Role: string(rec.Role), Phase: string(rec.Phase)}
+		if rec.Role == migration.RoleDestination {
+			st, err := a.rt.State(r.Context(), rec.Container)
+			ph.Running = err == nil && st.Status == runc.StatusRunning
+		}
+		writeJSON(w, http.StatusOK, ph)
 	})
 	return a.peerOnly(mux)
 }

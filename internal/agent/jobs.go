@@ -31,7 +31,27 @@ type job struct {
 	progress  api.Progress
 	outcome   migration.Outcome // "" while running
 	result    *migration.Result
-	changed   chan struct{} // closed and replaced at every change
+	// queued says why the job waits for a slot (admission); "" once it
+	// has one. admitted is when it last got one, ended when it ended.
+	queued   string
+	admitted time.Time
+	ended    time.Time
+	changed  chan struct{} // closed and replaced at every change
+}
+
+// JobQueued is the state of a job waiting for a slot of its node's (or
+// its destination's) concurrent migrations.
+const JobQueued = "queued"
+
+// setQueued marks the job waiting for why; "" marks it admitted.
+func (j *job) setQueued(why string) {
+	j.mu.Lock()
+	j.queued = why
+	if why == "" {
+		j.admitted = time.Now().UTC()
+	}
+	j.notifyLocked()
+	j.mu.Unlock()
 }
 
 func newJob(id string, role migration.Role, container, from, to string, s migration.Strategy, cancel context.CancelCauseFunc) *job {
@@ -91,6 +111,7 @@ func (j *job) notifyLocked() {
 func (j *job) end(o migration.Outcome, res *migration.Result) {
 	j.mu.Lock()
 	j.outcome, j.result = o, res
+	j.queued, j.ended = "", time.Now().UTC()
 	j.notifyLocked()
 	j.mu.Unlock()
 }
@@ -102,7 +123,11 @@ func (j *job) snapshot(node string) (api.Job, bool, <-chan struct{}) {
 	defer j.mu.Unlock()
 	p := j.progress
 	out := api.Job{ID: j.id, Role: string(j.role), Container: j.container, From: j.from, To: j.to,
-		Strategy: string(j.strategy), Node: node, State: "running", Started: j.started, Progress: &p}
+		Strategy: string(j.strategy), Node: node, State: "running", Started: j.started, Progress: &p,
+		Admitted: j.admitted, Ended: j.ended}
+	if j.queued != "" {
+		out.State, out.Reason = JobQueued, j.queued
+	}
 	if j.outcome != "" {
 		out.State = string(j.outcome)
 		if j.result != nil {

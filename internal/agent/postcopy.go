@@ -191,11 +191,14 @@ func isTunnel(typ string) bool { return typ == transfer.MsgTunnel }
 // left here come from the store, and without runs to pull it only relays
 // (lazyproxy.ServeDest).
 //
+// The session ends (a CLOSE to the page server) only once release is
+// closed: the commit is in (lazyproxy.PrefetchConfig.Release).
+//
 // memoryBytes is the service's memory as the source declared it: the
 // lazy runs may hold at most twice that and a gigabyte (CRIU's lazy
 // pages are private anonymous memory, which the declared resident figure
 // may undercount), so a peer's runs cannot make the proxy plan 2^45 pages.
-func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, store *precopy.Store, runs []precopy.LazyRun, memoryBytes int64) (string, error) {
+func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, store *precopy.Store, runs []precopy.LazyRun, memoryBytes int64, release <-chan struct{}) (string, error) {
 	var lc net.ListenConfig
 	lc.SetMultipathTCP(false)
 	l, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
@@ -213,10 +216,12 @@ func (a *Agent) serveLazyPages(ctx context.Context, name, tunnelAddr string, sto
 	go func() {
 		var st lazyproxy.Stats
 		var err error
+		pc := lazyPagesConfig(memoryBytes)
+		pc.Release = release
 		if held != nil && runs == nil {
-			err = lazyproxy.ServeDest(ctx, l, upstream, held, &st, a.log)
+			err = pc.ServeDest(ctx, l, upstream, held, &st, a.log)
 		} else {
-			err = lazyPagesConfig(memoryBytes).ServePrefetch(ctx, l, upstream, held, lazyRanges(runs), &st, a.log)
+			err = pc.ServePrefetch(ctx, l, upstream, held, lazyRanges(runs), &st, a.log)
 		}
 		if err != nil && ctx.Err() == nil {
 			a.log.Warn("lazy page proxy", "container", name, "err", err)

@@ -37,7 +37,7 @@ func (a *Agent) precopyRounds(ctx context.Context, conn *transfer.Conn, name str
 	if err != nil {
 		return nil, layer, pc, err
 	}
-	if err := conn.WriteMsg(ctx, migration.MsgLayer, struct{}{}); err != nil {
+	if err := conn.WriteMsg(ctx, migration.MsgLayer, migration.LayerNotice{Bytes: layerBytes(upper)}); err != nil {
 		return nil, layer, pc, err
 	}
 	lopts := send
@@ -94,6 +94,15 @@ func (a *Agent) memoryRounds(ctx context.Context, conn *transfer.Conn, name stri
 	return src, pc, nil
 }
 
+// layerLimit bounds pre-copy's live writable layer: twice what the
+// source declared (files grow while the layer is sent) plus
+// maxStateSlack. The layer holds the service's volumes, so its size is
+// unrelated to its memory; a declared size past maxStateSize counts as
+// that.
+func layerLimit(ln migration.LayerNotice) int64 {
+	return 2*min(max(ln.Bytes, 0), maxStateSize) + maxStateSlack
+}
+
 // receiveRounds is the destination side of the live rounds: it stores
 // each round until the source announces the freeze. store is nil when the
 // strategy has no live rounds. live, when set, receives a live writable
@@ -121,8 +130,13 @@ func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *p
 				return fz, err
 			}
 		case typ == migration.MsgLayer && store != nil:
-			if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{}); err != nil {
-				return fz, fmt.Errorf("pre-copy of the writable layer: %w", err)
+			var ln migration.LayerNotice
+			if err := m.as(migration.MsgLayer, &ln); err != nil {
+				return fz, err
+			}
+			limit := layerLimit(ln)
+			if _, err := conn.RecvDir(ctx, upper, transfer.RecvOptions{MaxBytes: limit}); err != nil {
+				return fz, fmt.Errorf("pre-copy of the writable layer (at most %d bytes: twice the %d the source declared, plus %d): %w", limit, ln.Bytes, maxStateSlack, err)
 			}
 		case typ == migration.MsgRound && store != nil:
 			var rs migration.RoundStart

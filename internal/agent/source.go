@@ -201,6 +201,9 @@ type outgoing struct {
 	// against.
 	liveLayer bool
 	early     *earlySend
+	// holdsSlot: o holds its share of its slot of the node's concurrent
+	// migrations (admit, releaseSlot).
+	holdsSlot bool
 	peerMsg   chan peerMessage
 	cleanup   []func()
 }
@@ -396,6 +399,16 @@ var errFrozenBudget = migration.ErrFrozenBudget
 func (o *outgoing) run(ctx context.Context) {
 	o.tm = migration.NewTimer(nil)
 	o.res = migration.Result{ID: o.rec.ID, Container: o.rec.Container, From: o.a.cfg.Node, To: o.req.To, Strategy: o.req.Strategy}
+	if err := o.admit(ctx); err != nil {
+		// Nothing journaled or touched yet.
+		o.finish(migration.Action{Kind: migration.ActFinish, Outcome: migration.OutcomeAborted, Err: err})
+		for i := len(o.cleanup) - 1; i >= 0; i-- {
+			o.cleanup[i]() // a group member's memberDone
+		}
+		return
+	}
+	defer o.releaseSlot()
+	o.tm = migration.NewTimer(nil) // its time starts with its slot
 	acts, err := o.m.Step(migration.Event{Kind: migration.EvStart})
 	if err != nil {
 		o.finish(migration.Action{Kind: migration.ActFinish, Outcome: migration.OutcomeAborted, Err: err})
@@ -517,6 +530,8 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 		return o.askDest()
 	case migration.ActAwaitLazy:
 		return o.event(ctx, migration.EvLazyDone, o.awaitLazy())
+	case migration.ActCheckDest:
+		return o.checkDest()
 	case migration.ActRelease:
 		return o.event(ctx, migration.EvReleased, o.releaseSource())
 	case migration.ActResume:
@@ -553,6 +568,9 @@ func (o *outgoing) frozenEvent(ok migration.EventKind, err error) migration.Even
 // peerAbort is the destination's reason for giving up.
 type peerAbort struct {
 	node, reason string
+	// retryAfter: the refusal is temporary (migration.Abort
+	// RetryAfterMs); 0: final.
+	retryAfter time.Duration
 }
 
 func (e *peerAbort) Error() string { return fmt.Sprintf("%s aborted: %s", e.node, e.reason) }
@@ -575,12 +593,6 @@ func (o *outgoing) prepare(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("tls: %w", err)
 	}
-	conn, err := transfer.Dial(ctx, o.peer.Migrate, tlsCfg)
-	if err != nil {
-		return fmt.Errorf("connect to %s: %w", o.req.To, err)
-	}
-	o.conn = conn
-	o.cleanup = append(o.cleanup, func() { conn.Close() })
 	m := o.c.meta
 	prep := migration.Prepare{ID: o.rec.ID, Name: m.Name, Image: m.Image, Digest: m.Digest, IP: m.IP, MAC: m.MAC,
 		Args: m.Args, Env: m.Env, Cwd: m.Cwd, Process: m.Process, Strategy: o.req.Strategy, From: a.cfg.Node, MemoryBytes: o.rss}
@@ -610,13 +622,11 @@ func (o *outgoing) prepare(ctx context.Context) error {
 		prep.PageToken = o.pageToken
 		o.cleanup = append(o.cleanup, func() { a.pages.remove(o.pageToken) })
 	}
-	if err := conn.WriteMsg(ctx, migration.MsgPrepare, prep); err != nil {
-		return fmt.Errorf("prepare %s: %w", o.req.To, err)
-	}
 	var prepared migration.ReadyNotice
-	if err := expectFrom(ctx, conn, o.req.To, migration.MsgPrepared, &prepared); err != nil {
-		return fmt.Errorf("prepare on %s: %w", o.req.To, err)
+	if err := o.offer(ctx, tlsCfg, prep, &prepared); err != nil {
+		return err
 	}
+	conn := o.conn
 	// runc writes descriptors.json before CRIU's gate only when the shim
 	// holds CRIU there (without, runc starts as the gate opens).
 	o.gated = prepared.GatedRestore && a.rt.Shim != ""
@@ -1006,6 +1016,11 @@ func (o *outgoing) dump() error {
 		return fmt.Errorf("dump: %w", err)
 	}
 	o.tm.Mark(migration.PhaseDump)
+	if lazy {
+		// A crash with CRIU's page server up and runc waiting on it:
+		// the restarted agent must resume the service here.
+		o.a.failpoint("lazy-dump-serving")
+	}
 	if st, serr := runc.ReadDumpStats(o.workDir()); serr == nil && !lazy {
 		o.res.CRIU = dumpStatsMap(st)
 	}
@@ -1285,6 +1300,51 @@ func (o *outgoing) awaitLazy() error {
 		return fmt.Errorf("post-copy pages not all delivered: %w", err)
 	}
 	return nil
+}
+
+// checkDestWait bounds how long a source whose post-copy pages failed
+// waits for the destination to settle (its agent may be restarting).
+const checkDestWait = 90 * time.Second
+
+// checkDest asks the destination, once its journal says the migration
+// ended there, whether the service's copy runs: post-copy pages that did
+// not all arrive (the destination agent restarted and its lazy-pages
+// daemon died with it) may have taken the copy with them, and a service
+// that runs nowhere is lost, never ok.
+func (o *outgoing) checkDest() migration.Event {
+	a := o.a
+	dst, ok := a.peers[o.rec.Peer]
+	if !ok {
+		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("destination %q is not a configured peer", o.rec.Peer)}
+	}
+	deadline := time.Now().Add(checkDestWait)
+	var last error
+	for {
+		rctx, cancel := context.WithTimeout(a.runCtx, 2*time.Second)
+		ph, err := dst.PeerPhase(rctx, o.rec.ID)
+		cancel()
+		switch {
+		case errors.Is(err, api.ErrNotFound):
+			return migration.Event{Kind: migration.EvPeerGaveUp, Err: fmt.Errorf("%s holds no copy", o.rec.Peer)}
+		case err != nil:
+			last = err
+		case migration.Phase(ph.Phase).Final() && ph.Running:
+			a.log.Warn("post-copy pages failed, but the destination's copy runs", "container", o.rec.Container, "destination", o.rec.Peer)
+			return migration.Event{Kind: migration.EvPeerCommitted}
+		case migration.Phase(ph.Phase).Final():
+			return migration.Event{Kind: migration.EvPeerGaveUp,
+				Err: fmt.Errorf("the copy on %s does not run (its migration %s there)", o.rec.Peer, ph.Phase)}
+		default:
+			last = fmt.Errorf("%s at %s", o.rec.Peer, ph.Phase)
+		}
+		if time.Now().After(deadline) || a.runCtx.Err() != nil {
+			return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("whether the copy on %s runs is unknown: %w", o.rec.Peer, last)}
+		}
+		select {
+		case <-a.runCtx.Done():
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // releaseSource removes the migrated container's remains here (the runc
@@ -1631,7 +1691,7 @@ func (m peerMessage) as(typ string, v any) error {
 		return m.err
 	}
 	if m.typ == migration.MsgAbort {
-		return &peerAbort{node: "peer", reason: abortReason(m.body)}
+		return &peerAbort{node: "peer", reason: abortReason(m.body), retryAfter: abortRetry(m.body)}
 	}
 	if m.typ != typ {
 		return fmt.Errorf("protocol: got %q, want %q", m.typ, typ)
@@ -1675,6 +1735,16 @@ func abortReason(body []byte) string {
 		ab.Reason = ab.Reason[:max] + "…"
 	}
 	return ab.Reason
+}
+
+// abortRetry is how long an abort asks its receiver to wait before it
+// asks again (0: the refusal is final), at most a minute.
+func abortRetry(body []byte) time.Duration {
+	var ab migration.Abort
+	if decodePeerMsg(migration.MsgAbort, body, &ab) != nil || ab.RetryAfterMs <= 0 {
+		return 0
+	}
+	return min(time.Duration(ab.RetryAfterMs)*time.Millisecond, time.Minute)
 }
 
 // from is as, with an abort naming node.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
@@ -371,5 +372,32 @@ func TestClaimGroup(t *testing.T) {
 	cancel()
 	if err := a.claimGroup(cctx, "app"); !errors.Is(err, context.Canceled) {
 		t.Errorf("a cancelled wait: %v", err)
+	}
+}
+
+// pickIP hands out the lowest free address, a recently released one only
+// when no other is free, and one released long ago as any other.
+func TestPickIPCooldown(t *testing.T) {
+	rng := netip.MustParsePrefix("10.200.1.0/29") // .1-.7
+	gw := netip.MustParseAddr("10.200.1.7")
+	now := time.Now()
+	taken := map[netip.Addr]bool{}
+	isTaken := func(ip netip.Addr) bool { return taken[ip] }
+	released := map[netip.Addr]time.Time{
+		netip.MustParseAddr("10.200.1.1"): now.Add(-time.Minute),
+		netip.MustParseAddr("10.200.1.2"): now.Add(-2 * addrCooldown),
+	}
+	if ip, ok := pickIP(rng, gw, isTaken, released, now); !ok || ip.String() != "10.200.1.2" {
+		t.Fatalf("got %v %v, want 10.200.1.2 (released long ago)", ip, ok)
+	}
+	for _, s := range []string{"10.200.1.2", "10.200.1.3", "10.200.1.4", "10.200.1.5", "10.200.1.6"} {
+		taken[netip.MustParseAddr(s)] = true
+	}
+	if ip, ok := pickIP(rng, gw, isTaken, released, now); !ok || ip.String() != "10.200.1.1" {
+		t.Fatalf("range full but for a cooling address: got %v %v, want 10.200.1.1", ip, ok)
+	}
+	taken[netip.MustParseAddr("10.200.1.1")] = true
+	if ip, ok := pickIP(rng, gw, isTaken, released, now); ok {
+		t.Fatalf("full range: got %v", ip)
 	}
 }

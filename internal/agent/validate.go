@@ -1,13 +1,18 @@
 package agent
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net/netip"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 
+	"github.com/edgehop/edgehop/internal/criuimg"
+	"github.com/edgehop/edgehop/internal/image"
 	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
@@ -165,7 +170,7 @@ func checkProcess(name string, p migration.Process) error {
 			return fmt.Errorf("added capability %q: want a known capability's canonical name", c)
 		}
 	}
-	return nil
+	return checkLimits(p)
 }
 
 // capAdd checks a run request's --cap-add names and returns them
@@ -206,4 +211,100 @@ func checkGroup(name, group string, after []string) error {
 		}
 	}
 	return nil
+}
+
+// checkPrepareUser refuses a Prepare whose user is not the one the
+// image gives: its uid, gid and groups must be what its User resolves to
+// in the image's own /etc/passwd and /etc/group under lower (the image's
+// root, the same digest as the source's: a service resolves its user at
+// creation, on an empty writable layer, so the same files), and its User
+// the image's configured one when this node's image cache has that
+// build. A source cannot have the service restored here as another user.
+// Groups may be fewer than the image gives (a service created before
+// they were recorded has none), never others.
+func (a *Agent) checkPrepareUser(p migration.Prepare, lower string) error {
+	if img, err := image.Resolve(a.cfg.ImageRoot, p.Image); err == nil && img.Digest() == p.Digest && img.Config().User != p.User {
+		return fmt.Errorf("%w: prepare from %s: user %q, but image %s's configured user is %q", ErrForbidden, p.From, p.User, short(p.Digest), img.Config().User)
+	}
+	ids, err := image.LookupUser(lower, p.User)
+	if err != nil {
+		return fmt.Errorf("%w: prepare from %s: user %q in image %s: %v", ErrForbidden, p.From, p.User, short(p.Digest), err)
+	}
+	extra := slices.DeleteFunc(slices.Clone(p.Groups), func(g uint32) bool { return g == ids.GID || slices.Contains(ids.Groups, g) })
+	if p.UID != ids.UID || p.GID != ids.GID || len(extra) > 0 {
+		return fmt.Errorf("%w: prepare from %s: uid %d, gid %d, groups %v, but user %q of image %s is uid %d, gid %d, groups %v",
+			ErrForbidden, p.From, p.UID, p.GID, p.Groups, p.User, short(p.Digest), ids.UID, ids.GID, ids.Groups)
+	}
+	return nil
+}
+
+// credsPolicy is what the restored tasks of a service whose process is p
+// may hold (criuimg.CheckCreds): its user and groups, and the capability
+// set it runs with (runc.WithCapabilities of its CapAdd), which bounds
+// every task's sets.
+func credsPolicy(p migration.Process) (criuimg.CredsPolicy, error) {
+	caps, err := runc.WithCapabilities(p.CapAdd)
+	if err != nil {
+		return criuimg.CredsPolicy{}, err
+	}
+	pol := criuimg.CredsPolicy{UID: p.UID, GID: p.GID, Groups: p.Groups}
+	for _, c := range caps {
+		if i := slices.Index(runc.KnownCapabilities, c); i >= 0 && i < 64 {
+			pol.Caps |= 1 << i
+		}
+	}
+	return pol, nil
+}
+
+// checkImageCreds refuses, before they are restored, images a task of
+// which would run with ids or capabilities the service does not have
+// (criuimg.CheckCreds: only the core images' credentials are read,
+// about 0.3 ms for 20 tasks, so it runs in line in the frozen window).
+func (in *incoming) checkImageCreds() error {
+	pol, err := credsPolicy(in.p.Process)
+	if err == nil {
+		err = criuimg.CheckCreds(in.imgDir, pol)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: images from %s: %w", ErrForbidden, in.p.From, err)
+	}
+	return nil
+}
+
+// maxMetaBytes bounds a meta.json read: a container's arguments and
+// environment at their bounds (maxArgs, maxEnv) fit in it.
+const maxMetaBytes = 8 << 20
+
+// metaFile is meta.json as agents of every version wrote it: meta's
+// fields, and those meta no longer has (accepted, ignored), so that
+// decodeMeta can refuse any other.
+type metaFile struct {
+	meta
+	// CgroupBinds: retired, written by agents before cgroupfs skeletons.
+	CgroupBinds bool `json:"cgroup_binds,omitempty"`
+}
+
+// decodeMeta decodes a container's meta.json strictly: one JSON object of
+// at most maxMetaBytes, no field a version of meta never had, nothing
+// after it, and a name of a container (ErrInvalid otherwise). A file an
+// agent newer than this one wrote, with a field added since, is refused
+// too: a downgraded agent skips (and logs) such a container rather than
+// run it misread.
+func decodeMeta(b []byte) (meta, error) {
+	var f metaFile
+	if len(b) > maxMetaBytes {
+		return meta{}, fmt.Errorf("%w: meta.json of %d bytes (at most %d)", ErrInvalid, len(b), maxMetaBytes)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&f); err != nil {
+		return meta{}, fmt.Errorf("%w: meta.json: %v", ErrInvalid, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return meta{}, fmt.Errorf("%w: meta.json: data after the JSON object", ErrInvalid)
+	}
+	if !containerNameRE.MatchString(f.Name) {
+		return meta{}, fmt.Errorf("%w: meta.json: container name %q", ErrInvalid, f.Name)
+	}
+	return f.meta, nil
 }

@@ -38,6 +38,13 @@ type RunRequest struct {
 	// as "CAP_NET_RAW" or "NET_RAW"; an unknown one is refused. They stay
 	// with the container when it migrates.
 	CapAdd []string `json:"cap_add,omitempty"`
+	// Memory (bytes), Pids and CPUs are the container's cgroup limits
+	// (`edgehop run --memory 512m --pids 1024 --cpus 1.5`); zero takes
+	// the agent's defaults (2 GiB, 4096 tasks, no CPU quota). They stay
+	// with the container when it migrates.
+	Memory int64   `json:"memory,omitempty"`
+	Pids   int64   `json:"pids,omitempty"`
+	CPUs   float64 `json:"cpus,omitempty"`
 }
 
 // Container describes a container on a node.
@@ -67,6 +74,11 @@ type Container struct {
 	NetOf string `json:"net_of,omitempty"`
 	// CapAdd are the capabilities it has beyond the default set.
 	CapAdd []string `json:"cap_add,omitempty"`
+	// MemoryLimit (bytes), PidsLimit and CPUs are its cgroup limits
+	// (zero: none).
+	MemoryLimit int64   `json:"memory_limit,omitempty"`
+	PidsLimit   int64   `json:"pids_limit,omitempty"`
+	CPUs        float64 `json:"cpus,omitempty"`
 }
 
 // Endpoint is where an overlay MAC lives; agents announce them to peers.
@@ -190,7 +202,43 @@ func (c *Client) Do(ctx context.Context, method, path string, in, out any) error
 		_, err = io.Copy(w, resp.Body)
 		return err
 	}
-	return json.NewDecoder(resp.Body).Decode(out)
+	if err := DecodeAnswer(resp.Body, out); err != nil {
+		return fmt.Errorf("%s %s from %s: %w", method, path, c.addr, err)
+	}
+	return nil
+}
+
+// MaxAnswer bounds a JSON answer Do reads: far above any agent's list of
+// containers, jobs or endpoints, far below what would strain a node.
+const MaxAnswer = 16 << 20
+
+// ErrBadAnswer is wrapped by the errors about an answer that is not one
+// JSON value of at most MaxAnswer bytes of the expected shape.
+var ErrBadAnswer = errors.New("bad answer")
+
+// DecodeAnswer decodes r, an agent's (or a peer's) answer, into out: one
+// JSON value of at most MaxAnswer bytes and nothing after it but
+// whitespace (ErrBadAnswer otherwise; a broken read is ErrUnavailable).
+// Unknown fields are tolerated, not refused: two agents of different
+// versions talk during a rolling upgrade, and a newer one's answer may
+// carry a field this one does not know yet; every field it knows must
+// have its type.
+func DecodeAnswer(r io.Reader, out any) error {
+	b, err := io.ReadAll(io.LimitReader(r, MaxAnswer+1))
+	if err != nil {
+		return fmt.Errorf("%w: reading the answer: %v", ErrUnavailable, err)
+	}
+	if len(b) > MaxAnswer {
+		return fmt.Errorf("%w: more than %d bytes", ErrBadAnswer, MaxAnswer)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if err := dec.Decode(out); err != nil {
+		return fmt.Errorf("%w: %v", ErrBadAnswer, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: data after the JSON value", ErrBadAnswer)
+	}
+	return nil
 }
 
 // errorOf reads a non-2xx answer's {"error","code"} body.
@@ -456,16 +504,24 @@ type Progress struct {
 
 // Job describes a migration job on the node that runs it.
 type Job struct {
-	ID        string    `json:"id"`
-	Role      string    `json:"role"` // source or destination
-	Container string    `json:"container"`
-	From      string    `json:"from"`
-	To        string    `json:"to"`
-	Strategy  string    `json:"strategy"`
-	Node      string    `json:"node"`  // the node answering
-	State     string    `json:"state"` // running, or the outcome: ok, aborted, rolled-back, lost, undecided
-	Started   time.Time `json:"started"`
-	Progress  *Progress `json:"progress,omitempty"`
+	ID        string `json:"id"`
+	Role      string `json:"role"` // source or destination
+	Container string `json:"container"`
+	From      string `json:"from"`
+	To        string `json:"to"`
+	Strategy  string `json:"strategy"`
+	Node      string `json:"node"`  // the node answering
+	State     string `json:"state"` // queued, running, or the outcome: ok, aborted, rolled-back, lost, undecided
+	// Reason says why a queued job waits (the node's or the
+	// destination's cap of concurrent migrations, reserved scratch
+	// space).
+	Reason  string    `json:"reason,omitempty"`
+	Started time.Time `json:"started"`
+	// Admitted is when the job last got its slot of the node's
+	// concurrent migrations (zero while queued), Ended when it ended.
+	Admitted time.Time `json:"admitted,omitzero"`
+	Ended    time.Time `json:"ended,omitzero"`
+	Progress *Progress `json:"progress,omitempty"`
 	// Result is the migration's result once it ended (source side).
 	Result json.RawMessage `json:"result,omitempty"`
 }
@@ -500,6 +556,9 @@ type PeerPhase struct {
 	ID    string `json:"id"`
 	Role  string `json:"role"`
 	Phase string `json:"phase"`
+	// Running says, from a destination, that the migration's container
+	// runs there now (a post-copy source asks it when its pages failed).
+	Running bool `json:"running,omitempty"`
 }
 
 // Heartbeat is what an agent reports to the controller every second.

@@ -55,6 +55,11 @@ type arnabCase struct {
 	dirtyPct float64
 }
 
+// bigServiceMemory is the memory limit of the benchmarks' large
+// services, above the agent's default (2 GiB): DPRGen's 1.2 GB with its
+// copy buffers, a Redis of 640 MB forking for its own persistence.
+const bigServiceMemory = 4 << 30
+
 // grid: ARNAB Fig. 6 — a ~14 MB service and the 1.2 GB RAM simulation at
 // 5, 10 and 20 % dirty; quick keeps the small service and 300 MB at 20 %.
 func (c ARNABConfig) grid() []arnabCase {
@@ -161,7 +166,8 @@ func dprgenArgs(c arnabCase) []string {
 func (e *env) arnabEdgehop(ctx context.Context, c arnabCase, strategy string, row *ARNABCase) error {
 	name := "arnab"
 	src, dst := e.node(nodeA).Name, e.node(nodeB).Name
-	ctr, err := e.agents[src].Run(ctx, api.RunRequest{Name: name, Image: image.DPRGen, Args: dprgenArgs(c)})
+	ctr, err := e.agents[src].Run(ctx, api.RunRequest{Name: name, Image: image.DPRGen, Args: dprgenArgs(c),
+		Memory: bigServiceMemory})
 	if err != nil {
 		return fmt.Errorf("run dprgen: %w", err)
 	}

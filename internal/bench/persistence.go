@@ -201,7 +201,7 @@ func RunPersistence(ctx context.Context, cfg PersistenceConfig) (rep *Persistenc
 // other node.
 func (e *env) persistenceSize(ctx context.Context, cfg PersistenceConfig, size int) (rows []PersistenceRow, err error) {
 	loc := e.node(nodeA).Name
-	c, err := e.agents[loc].Run(ctx, api.RunRequest{Name: persistName, Image: image.Services, Args: persistRedisArgs()})
+	c, err := e.agents[loc].Run(ctx, api.RunRequest{Name: persistName, Image: image.Services, Args: persistRedisArgs(), Memory: bigServiceMemory})
 	if err != nil {
 		return nil, fmt.Errorf("run redis: %w", err)
 	}
@@ -314,7 +314,7 @@ func (e *env) persistOnce(ctx context.Context, from, to, srcAddr string, keys in
 	t0 := time.Now()
 	script := fmt.Sprintf("redis-cli -h %s -p %s --rdb %s && echo edgehop-rdb-done && exec %s",
 		srcIP, redisPort, rdbPath, shellWords(append(persistRedisArgs(), "--dir", path.Dir(rdbPath), "--dbfilename", path.Base(rdbPath))))
-	c, err := e.agents[to].Run(ctx, api.RunRequest{Name: persistRestore, Image: image.Services, Args: []string{"sh", "-c", script}})
+	c, err := e.agents[to].Run(ctx, api.RunRequest{Name: persistRestore, Image: image.Services, Args: []string{"sh", "-c", script}, Memory: bigServiceMemory})
 	if err != nil {
 		return row, fmt.Errorf("run the restoring redis on %s: %w", to, err)
 	}

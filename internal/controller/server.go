@@ -253,22 +253,36 @@ const maxBody = 1 << 20
 
 func decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	b, err := io.ReadAll(io.LimitReader(r.Body, maxBody+1))
-	if err == nil && len(b) > maxBody {
-		err = fmt.Errorf("body larger than %d bytes", maxBody)
-	}
 	if err == nil {
-		dec := json.NewDecoder(bytes.NewReader(b))
-		dec.DisallowUnknownFields()
-		err = dec.Decode(v)
-		if err == nil && dec.More() {
-			err = errors.New("data after the JSON value")
-		}
+		err = decodeBody(b, v)
+	} else {
+		err = fmt.Errorf("%w: request body: %v", ErrInvalid, err)
 	}
 	if err != nil {
-		writeErr(w, fmt.Errorf("%w: request body: %v", ErrInvalid, err))
+		writeErr(w, err)
 		return false
 	}
 	return true
+}
+
+// decodeBody decodes a request body (an operator's request, an agent's
+// heartbeat) strictly: at most maxBody bytes, one JSON value with no
+// field v lacks and nothing after it but whitespace; its errors wrap
+// ErrInvalid.
+func decodeBody(b []byte, v any) error {
+	if len(b) > maxBody {
+		return fmt.Errorf("%w: request body larger than %d bytes", ErrInvalid, maxBody)
+	}
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: request body: %v", ErrInvalid, err)
+	}
+	// Token, not More: More is false before a stray ']' or '}'.
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: request body: data after the JSON value", ErrInvalid)
+	}
+	return nil
 }
 
 func reply(w http.ResponseWriter, status int, v any, err error) {

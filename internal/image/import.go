@@ -21,13 +21,27 @@ import (
 // OCI image layout nor a `docker save` or OCI archive tarball.
 var ErrUnknownFormat = errors.New("not an OCI layout, OCI archive or docker save tarball")
 
+// ErrTooLarge is wrapped by Import's refusal of a source larger than its
+// bound.
+var ErrTooLarge = errors.New("image source too large")
+
+// DefaultImportLimit is Import's bound on a source when none is given:
+// far above the services edge nodes run, far below a node's disk.
+const DefaultImportLimit = 8 << 30
+
 // Import copies the image at src into the cache at root ("" means
 // DefaultRoot) under name, replacing an image of that name atomically.
 // src is an OCI image layout directory, or a tar file (optionally gzipped)
 // holding an OCI layout (`podman save --format oci-archive`) or made by
 // `docker save` (one image). A multi-platform source contributes its
-// linux/GOARCH image.
-func Import(ctx context.Context, root, name, src string) (*Image, error) {
+// linux/GOARCH image. maxBytes (<= 0: DefaultImportLimit) bounds the
+// source as read: the tar file, its decompressed copy, the OCI archive's
+// files, a layout directory's files (ErrTooLarge past it), so that a
+// gzip bomb or an endless archive cannot fill the node's disk.
+func Import(ctx context.Context, root, name, src string, maxBytes int64) (*Image, error) {
+	if maxBytes <= 0 {
+		maxBytes = DefaultImportLimit
+	}
 	if err := ValidName(name); err != nil {
 		return nil, err
 	}
@@ -43,7 +57,7 @@ func Import(ctx context.Context, root, name, src string) (*Image, error) {
 	}
 	defer os.RemoveAll(work)
 
-	img, err := readSource(ctx, src, work)
+	img, err := readSource(ctx, src, work, maxBytes)
 	if err != nil {
 		return nil, fmt.Errorf("import %s from %s: %w", name, src, err)
 	}
@@ -54,15 +68,40 @@ func Import(ctx context.Context, root, name, src string) (*Image, error) {
 }
 
 // readSource opens src as an image, using work for any temporary files.
-func readSource(ctx context.Context, src, work string) (v1.Image, error) {
+func readSource(ctx context.Context, src, work string, maxBytes int64) (v1.Image, error) {
 	fi, err := os.Stat(src)
 	if err != nil {
 		return nil, err
 	}
+	tooLarge := func(what string) error {
+		return fmt.Errorf("%w: %s is more than %d bytes (the import's bound; raise it with --max-size)", ErrTooLarge, what, maxBytes)
+	}
 	if fi.IsDir() {
+		var n int64
+		err := filepath.WalkDir(src, func(_ string, d os.DirEntry, err error) error {
+			if err != nil || !d.Type().IsRegular() {
+				return err
+			}
+			info, err := d.Info()
+			if err == nil {
+				if n += info.Size(); n > maxBytes {
+					return tooLarge("the layout's content")
+				}
+			}
+			return err
+		})
+		if err != nil {
+			return nil, err
+		}
 		return readLayout(src)
 	}
-	tarPath, err := gunzipIfNeeded(src, filepath.Join(work, "source.tar"))
+	if fi.Size() > maxBytes {
+		return nil, tooLarge(src)
+	}
+	tarPath, err := gunzipIfNeeded(src, filepath.Join(work, "source.tar"), maxBytes)
+	if errors.Is(err, ErrTooLarge) {
+		return nil, tooLarge(src + " decompressed")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -73,7 +112,9 @@ func readSource(ctx context.Context, src, work string) (v1.Image, error) {
 	switch {
 	case names["oci-layout"] && names["index.json"]:
 		dir := filepath.Join(work, "oci")
-		if err := extractPlain(ctx, tarPath, dir); err != nil {
+		if err := extractPlain(ctx, tarPath, dir, maxBytes); errors.Is(err, ErrTooLarge) {
+			return nil, tooLarge("the OCI archive's content")
+		} else if err != nil {
 			return nil, err
 		}
 		return readLayout(dir)
@@ -100,7 +141,7 @@ func readLayout(dir string) (v1.Image, error) {
 
 // gunzipIfNeeded returns src, or, when src is gzip-compressed, the path of
 // its decompressed copy at dst (tarball readers need to seek).
-func gunzipIfNeeded(src, dst string) (string, error) {
+func gunzipIfNeeded(src, dst string, maxBytes int64) (string, error) {
 	f, err := os.Open(src)
 	if err != nil {
 		return "", err
@@ -119,7 +160,10 @@ func gunzipIfNeeded(src, dst string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	_, err = io.Copy(out, zr)
+	n, err := io.Copy(out, io.LimitReader(zr, maxBytes+1))
+	if err == nil && n > maxBytes {
+		err = ErrTooLarge
+	}
 	if cerr := out.Close(); err == nil {
 		err = cerr
 	}
@@ -152,7 +196,7 @@ func tarNames(p string) (map[string]bool, error) {
 
 // extractPlain unpacks a tar holding only directories and regular files
 // (an OCI archive) into dir, refusing any name that leaves it.
-func extractPlain(ctx context.Context, tarPath, dir string) error {
+func extractPlain(ctx context.Context, tarPath, dir string, maxBytes int64) error {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return err
 	}
@@ -167,6 +211,7 @@ func extractPlain(ctx context.Context, tarPath, dir string) error {
 	}
 	defer f.Close()
 	tr := tar.NewReader(f)
+	var total int64
 	for {
 		if err := ctx.Err(); err != nil {
 			return err
@@ -194,6 +239,9 @@ func extractPlain(ctx context.Context, tarPath, dir string) error {
 				return err
 			}
 		case tar.TypeReg:
+			if total += hdr.Size; hdr.Size < 0 || total > maxBytes {
+				return ErrTooLarge
+			}
 			w, err := root.OpenFile(name, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o644)
 			if err != nil {
 				return err

@@ -69,7 +69,7 @@ func FuzzRelayDest(f *testing.F) {
 		var st Stats
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		err := relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
+		err := relay(ctx, down, up, nil, func(h header, from *bufio.Reader, to *bufio.Writer) error {
 			return decodePages(h, from, to, zeroPages{}, &st)
 		})
 		if ctx.Err() != nil {

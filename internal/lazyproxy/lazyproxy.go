@@ -95,7 +95,7 @@ func ServeSource(ctx context.Context, l net.Listener, criuAddr string, holds Hol
 		if err != nil {
 			return fmt.Errorf("page server %s: %w", criuAddr, err)
 		}
-		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
+		return relay(ctx, down, up, nil, func(h header, from *bufio.Reader, to *bufio.Writer) error {
 			st.Requests.Add(1)
 			return encodePages(h, from, to, holds, st)
 		})
@@ -107,12 +107,18 @@ func ServeSource(ctx context.Context, l net.Listener, criuAddr string, holds Hol
 // (to ServeSource): requests go on unchanged; replies are rebuilt into
 // CRIU's form, "held" pages read from pages.
 func ServeDest(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), pages PageReader, st *Stats, log *slog.Logger) error {
+	return PrefetchConfig{}.ServeDest(ctx, l, upstream, pages, st, log)
+}
+
+// ServeDest is the package's ServeDest holding the daemon's CLOSE until
+// pc.Release (MaxPages does not apply: it only relays).
+func (pc PrefetchConfig) ServeDest(ctx context.Context, l net.Listener, upstream func(context.Context) (net.Conn, error), pages PageReader, st *Stats, log *slog.Logger) error {
 	return serve(ctx, l, log, func(ctx context.Context, down net.Conn) error {
 		up, err := upstream(ctx)
 		if err != nil {
 			return fmt.Errorf("source proxy: %w", err)
 		}
-		return relay(ctx, down, up, func(h header, from *bufio.Reader, to *bufio.Writer) error {
+		return relay(ctx, down, up, pc.Release, func(h header, from *bufio.Reader, to *bufio.Writer) error {
 			st.Requests.Add(1)
 			return decodePages(h, from, to, pages, st)
 		})
@@ -148,8 +154,9 @@ func serve(ctx context.Context, l net.Listener, log *slog.Logger, handle func(co
 
 // relay forwards requests from down to up and up's replies back to down,
 // each reply to a GET transformed by pages. Replies come in request order,
-// so the reply side learns from a queue which request each answers.
-func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bufio.Reader, to *bufio.Writer) error) error {
+// so the reply side learns from a queue which request each answers. A
+// CLOSE goes up only once release is closed (nil: at once).
+func relay(ctx context.Context, down, up net.Conn, release <-chan struct{}, pages func(h header, from *bufio.Reader, to *bufio.Writer) error) error {
 	ps := &pageServerConn{Conn: up}
 	defer ps.end()
 	stop := context.AfterFunc(ctx, func() { down.Close(); ps.end() })
@@ -177,6 +184,14 @@ func relay(ctx context.Context, down, up net.Conn, pages func(h header, from *bu
 					return
 				}
 			case cmdClose, cmdForceClose:
+				if release != nil {
+					select {
+					case <-release:
+					case <-ctx.Done():
+						reqErr <- ctx.Err()
+						return
+					}
+				}
 			default:
 				reqErr <- fmt.Errorf("unknown page-server command %#x", h.cmd)
 				return

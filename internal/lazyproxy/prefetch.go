@@ -87,6 +87,15 @@ type PrefetchConfig struct {
 	// service's declared memory divided by the page size (4096). Zero
 	// means DefaultMaxLazyPages.
 	MaxPages uint64
+	// Release, when set, holds every CLOSE for the page server (the
+	// proxy's own, once the daemon has every lazy page, and the
+	// daemon's) until it is closed. CRIU's lazy dump takes a session that
+	// ends with a CLOSE for a migration that succeeded and kills the
+	// dumped tasks: before the migration's commit the source must still
+	// be able to resume them, so the destination closes Release only
+	// once the commit is in its journal. The pages still cross at once;
+	// only the session's end waits. Nil: no hold.
+	Release <-chan struct{}
 }
 
 // ServePrefetch is the package's ServePrefetch with pc's settings.
@@ -112,10 +121,14 @@ func (pc PrefetchConfig) ServePrefetch(ctx context.Context, l net.Listener, upst
 		return fmt.Errorf("page server: %w", err)
 	}
 	m := newMux(up, todo, st, decode)
+	if pc.Release != nil {
+		m.release = pc.Release
+	}
 	stop := context.AfterFunc(ctx, func() { m.fail(ctx.Err()) })
 	defer stop()
 	m.wg.Go(m.readReplies)
 	m.wg.Go(m.prefetch)
+	m.wg.Go(m.closeOnRelease)
 	var connected atomic.Bool
 	err = serve(ctx, l, log, func(_ context.Context, down net.Conn) error {
 		if connected.Swap(true) {
@@ -230,6 +243,12 @@ type mux struct {
 	earlyClosed bool   // the proxy sent CLOSE on the daemon's behalf
 	earlyStatus []byte // the server's answer to it, once read
 	earlyReady  chan struct{}
+	// closeDue: the daemon has every lazy page, and the proxy's CLOSE
+	// waits for release (PrefetchConfig.Release; closed when not held).
+	closeDue bool
+	release  <-chan struct{}
+	failCh   chan struct{} // closed by the first fail
+	failOnce sync.Once
 
 	slots chan *slot
 }
@@ -237,7 +256,11 @@ type mux struct {
 // newMux prefetches todo, ranges as planRanges returns them (in order).
 func newMux(up net.Conn, todo []Range, st *Stats, decode pageDecoder) *mux {
 	m := &mux{up: &pageServerConn{Conn: up}, st: st, decode: decode, cache: map[pageKey][]byte{}, todo: todo,
-		slots: make(chan *slot, 4096), owed: newPageSet(todo), inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{})}
+		slots: make(chan *slot, 4096), owed: newPageSet(todo), inflight: map[pageKey]struct{}{}, earlyReady: make(chan struct{}),
+		failCh: make(chan struct{})}
+	released := make(chan struct{})
+	close(released)
+	m.release = released
 	m.wanted = m.owed.clone()
 	m.cond = sync.NewCond(&m.mu)
 	return m
@@ -251,6 +274,7 @@ func (m *mux) fail(err error) {
 	down := m.down
 	m.cond.Broadcast()
 	m.mu.Unlock()
+	m.failOnce.Do(func() { close(m.failCh) })
 	m.up.end() // a reset before a CLOSE: the source must be able to resume
 	if down != nil {
 		down.Close()
@@ -356,7 +380,18 @@ func (m *mux) readDaemon() error {
 			}
 		case cmdClose, cmdForceClose:
 			m.slots <- s
+			// The session ends only once released (PrefetchConfig.Release).
+			select {
+			case <-m.release:
+			case <-m.failCh:
+			}
 			m.mu.Lock()
+			if m.failed != nil && !m.earlyClosed {
+				err := m.failed
+				m.mu.Unlock()
+				close(s.ready)
+				return err
+			}
 			if m.earlyClosed {
 				m.closed = true
 				m.mu.Unlock()
@@ -418,7 +453,21 @@ func (m *mux) deliveredLocked(pid, vaddr, nr uint64) {
 		return
 	}
 	m.owed.remove(uint32(pid), vaddr, nr)
-	if !m.owed.empty() || m.closed || m.earlyClosed || m.failed != nil {
+	if !m.owed.empty() {
+		return
+	}
+	m.closeDue = true
+	select {
+	case <-m.release:
+		m.earlyCloseLocked()
+	default: // closeOnRelease sends it
+	}
+}
+
+// earlyCloseLocked sends the proxy's own CLOSE once the daemon has every
+// lazy page, unless a CLOSE went already or the session failed.
+func (m *mux) earlyCloseLocked() {
+	if !m.closeDue || m.closed || m.earlyClosed || m.failed != nil {
 		return
 	}
 	if err := m.sendLocked(upReq{h: header{cmd: cmdClose}, early: true}); err != nil {
@@ -426,6 +475,19 @@ func (m *mux) deliveredLocked(pid, vaddr, nr uint64) {
 	}
 	m.earlyClosed = true
 	halfClose(m.up.Conn)
+}
+
+// closeOnRelease sends the proxy's CLOSE held back for release
+// (deliveredLocked) once it comes, and ends when the session fails.
+func (m *mux) closeOnRelease() {
+	select {
+	case <-m.release:
+	case <-m.failCh:
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.earlyCloseLocked()
 }
 
 // writeDaemon writes the answers in request order.

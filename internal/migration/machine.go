@@ -158,6 +158,7 @@ const (
 	ActAwaitOutcome // wait until the destination serves the service, or hands it back
 	ActAskDest      // the destination is silent: ask its journal until it serves or holds nothing
 	ActAwaitLazy    // post-copy: wait until every page was served
+	ActCheckDest    // post-copy pages failed: ask the destination whether its copy runs
 	ActRelease      // free the source's remains of the service
 	ActResume       // the dump failed: thaw, unlock and take the traffic back
 	ActRestoreLocal // restore the service on the source (thaw it, or from its images)
@@ -179,7 +180,7 @@ const (
 var actionNames = map[ActionKind]string{
 	ActJournal: "journal", ActPrepare: "prepare", ActRounds: "live rounds", ActFreeze: "freeze",
 	ActDump: "dump", ActSend: "send state", ActCommit: "commit", ActAwaitOutcome: "await destination",
-	ActAskDest: "ask destination", ActAwaitLazy: "await lazy pages", ActRelease: "release source",
+	ActAskDest: "ask destination", ActAwaitLazy: "await lazy pages", ActCheckDest: "check destination's copy", ActRelease: "release source",
 	ActResume: "resume", ActRestoreLocal: "restore on source", ActAbortPeer: "abort peer",
 	ActSetupDest: "set up", ActAckPrepared: "ack prepared, await freeze", ActTakeTraffic: "take traffic (held)",
 	ActReceive: "receive state", ActRestore: "restore", ActAwaitCommit: "await commit",

@@ -105,9 +105,15 @@ func TestSourceScenarios(t *testing.T) {
 		{"the rollback fails: lost", StopAndCopy,
 			[]Event{ev(EvStart), ev(EvPrepared), ev(EvFrozen), ev(EvDumped), fail(), fail()},
 			append(append(append([]string{}, start...), freeze...), "dump", "send state", "abort peer", "restore on source", "journal lost", "finish lost (boom\nboom)")},
-		{"post-copy pages lost after the switch: ok with the error", PostCopy,
-			append(happy, ev(EvSwitched), fail(), ev(EvReleased)),
-			append(append([]string{}, toCommit...), "await lazy pages", "release source", "journal done", "finish ok (boom)")},
+		{"post-copy pages lost after the switch, the destination's copy runs: ok with the error", PostCopy,
+			append(happy, ev(EvSwitched), fail(), ev(EvPeerCommitted), ev(EvReleased)),
+			append(append([]string{}, toCommit...), "await lazy pages", "check destination's copy", "release source", "journal done", "finish ok (boom)")},
+		{"post-copy pages lost after the switch, no copy runs: lost, never ok", PostCopy,
+			append(happy, ev(EvSwitched), fail(), ev(EvPeerGaveUp), ev(EvReleased)),
+			append(append([]string{}, toCommit...), "await lazy pages", "check destination's copy", "release source", "journal lost", "finish lost (boom)")},
+		{"post-copy pages lost after the switch, the destination unknown: lost", PostCopy,
+			append(happy, ev(EvSwitched), fail(), fail(), ev(EvReleased)),
+			append(append([]string{}, toCommit...), "await lazy pages", "check destination's copy", "release source", "journal lost", "finish lost (boom\nboom)")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got := run(t, NewSource(tc.strategy), tc.events...)

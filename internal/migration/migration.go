@@ -288,7 +288,7 @@ func Ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 const (
 	MsgPrepare  = "prepare"  // S→D Prepare
 	MsgPrepared = "prepared" // D→S {}
-	MsgLayer    = "layer"    // S→D {}: pre-copy: the writable layer follows, service running
+	MsgLayer    = "layer"    // S→D LayerNotice: pre-copy: the writable layer follows, service running
 	// MsgLiveLayer (S→D LiveLayer): to a gated restore, the service
 	// running: stop-and-copy's writable layer (pre-copy's came in the
 	// rounds), then runc's descriptors.json, follow; in the frozen window
@@ -354,6 +354,15 @@ type LiveLayer struct {
 	Layer bool `json:"layer,omitempty"`
 }
 
+// LayerNotice precedes pre-copy's live writable layer (MsgLayer): Bytes
+// is the size of its regular files as the source counts them before
+// sending, which bounds what the destination accepts (twice it plus a
+// margin: the layer changes while it is sent). A source before it sent
+// {}: Bytes 0, the margin alone.
+type LayerNotice struct {
+	Bytes int64 `json:"bytes,omitempty"`
+}
+
 // FreezeNotice announces the freeze. Accepting: the service accepts new
 // connections, and its source takes its link down only once it hears of
 // the network switch, so the destination tells the gateways first.
@@ -408,6 +417,14 @@ type Process struct {
 	// runc.DefaultCapabilities (`edgehop run --cap-add`), canonical
 	// names; the destination restores it with the same set.
 	CapAdd []string `json:"cap_add,omitempty"`
+	// MemoryLimit (bytes), PidsLimit and CPUMillis (thousandths of a
+	// CPU) are the service's cgroup limits (`edgehop run --memory
+	// --pids --cpus`); the destination restores it under the same (runc
+	// restore applies the bundle's resources to CRIU and the restored
+	// tasks). Zero: none, as for services made before limits existed.
+	MemoryLimit int64 `json:"memory_limit,omitempty"`
+	PidsLimit   int64 `json:"pids_limit,omitempty"`
+	CPUMillis   int64 `json:"cpu_millis,omitempty"`
 }
 
 // VolumesDir is the directory of a writable layer that holds a
@@ -474,6 +491,11 @@ type Switched struct {
 // Abort carries the reason a side gave up.
 type Abort struct {
 	Reason string `json:"reason"`
+	// RetryAfterMs, when not zero, says the refusal is temporary (the
+	// destination is at its cap of concurrent migrations, or its scratch
+	// space is reserved by others): the source waits that long and asks
+	// again, its service untouched.
+	RetryAfterMs int `json:"retry_after_ms,omitempty"`
 }
 
 // RoundStart announces a live round (MsgRound).

@@ -18,7 +18,7 @@ type Plan struct {
 var success = map[ActionKind]EventKind{
 	ActPrepare: EvPrepared, ActRounds: EvRoundsDone, ActFreeze: EvFrozen, ActDump: EvDumped,
 	ActSend: EvSent, ActAwaitOutcome: EvSwitched, ActAskDest: EvPeerCommitted, ActAwaitLazy: EvLazyDone,
-	ActRelease: EvReleased, ActResume: EvResumed, ActRestoreLocal: EvResumed,
+	ActCheckDest: EvPeerCommitted, ActRelease: EvReleased, ActResume: EvResumed, ActRestoreLocal: EvResumed,
 	ActSetupDest: EvPrepared, ActAckPrepared: EvFrozen, ActReceive: EvSent, ActRestore: EvRestored,
 	ActAwaitCommit: EvCommit, ActAskSource: EvPeerCommitted, ActDestroy: EvDestroyed,
 }

@@ -21,6 +21,7 @@ type Source struct {
 	dumped   bool       // the dump completed: a rollback restores from images
 	cause    error      // why a rollback runs
 	lazyErr  error      // post-copy: pages that did not arrive
+	lost     bool       // post-copy: pages failed and no copy runs on the destination
 }
 
 // NewSource returns the machine of a migration with strategy s (not Auto:
@@ -129,15 +130,37 @@ func (s *Source) Step(ev Event) ([]Action, error) {
 		}
 	case ActAwaitLazy:
 		switch ev.Kind {
-		case EvLazyDone, EvFailed:
-			s.lazyErr = ev.Err
+		case EvLazyDone:
 			s.pending = ActRelease
 			return []Action{act(ActRelease)}, nil
+		case EvFailed:
+			// Pages that did not all arrive may have taken the
+			// destination's copy with them (its agent restarted and
+			// its lazy-pages daemon died): "ok" only if it runs.
+			s.lazyErr = failure(ev)
+			s.pending = ActCheckDest
+			return []Action{act(ActCheckDest)}, nil
 		}
+	case ActCheckDest:
+		switch ev.Kind {
+		case EvPeerCommitted:
+		case EvPeerGaveUp, EvFailed:
+			s.lost = true
+			if ev.Err != nil {
+				s.lazyErr = errors.Join(s.lazyErr, ev.Err)
+			}
+		default:
+			return nil, unexpected(RoleSource, s.phase, s.pending, ev)
+		}
+		s.pending = ActRelease
+		return []Action{act(ActRelease)}, nil
 	case ActRelease:
 		switch ev.Kind {
 		case EvReleased, EvFailed:
 			// A cleanup failure leaves files behind, not a service.
+			if s.lost {
+				return s.end(Lost, OutcomeLost, s.lazyErr), nil
+			}
 			return s.end(Done, OutcomeOK, s.lazyErr), nil
 		}
 	case ActResume, ActRestoreLocal:

@@ -334,3 +334,35 @@ func pagesOfMap(t *testing.T, img []byte) map[uint64]uint64 {
 	}
 	return out
 }
+
+// FuzzLazyRuns: a lazy dump's pagemap (on the destination, from the
+// source) never panics LazyRuns; each run it returns is of the image's
+// pid, page aligned, non-empty and within the address space, and runs
+// that touch are joined.
+func FuzzLazyRuns(f *testing.F) {
+	img := pagemapHeader(1)
+	img = appendEntry(img, 0x400000, 4, pePresent)
+	img = appendEntry(img, 0x800000, 2, peLazy)
+	img = appendEntry(img, 0x802000, 1, peLazy)
+	img = appendEntry(img, 0x900000, 1, peLazy|pePresent)
+	f.Add(img)
+	f.Add(appendEntry(pagemapHeader(2), 0x401000, 2, peLazy))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, "pagemap-7.img"), in, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		runs, err := LazyRuns(dir)
+		if err != nil {
+			return
+		}
+		for i, r := range runs {
+			if r.PID != 7 || r.Pages == 0 || r.Addr%PageSize != 0 || r.Addr >= maxAddr || r.Pages > (maxAddr-r.Addr)/PageSize {
+				t.Fatalf("run %+v", r)
+			}
+			if i > 0 && runs[i-1].Addr+runs[i-1].Pages*PageSize == r.Addr {
+				t.Fatalf("runs %+v and %+v touch but are not joined", runs[i-1], r)
+			}
+		}
+	})
+}

@@ -38,7 +38,17 @@ type Store struct {
 	keyed   bool
 	sums    map[uint32]map[uint64]uint64
 	zeroSum uint64
+
+	// maxBytes, when positive, bounds each stream received (SetMaxBytes).
+	maxBytes int64
 }
+
+// SetMaxBytes bounds each stream the store receives (a round, the final
+// delta, the final images) to n bytes of content: past it the receive
+// fails with transfer.ErrTooLarge, naming the bound, before more reaches
+// the disk. 0, the default, is no bound; a destination sets one derived
+// from what the source declared (agent.stateLimit).
+func (s *Store) SetMaxBytes(n int64) { s.maxBytes = n }
 
 // NewStore creates the store's directory dir, which must not exist, and
 // checks that its file system can hold the sparse files (ErrNotSupported
@@ -135,7 +145,7 @@ func (s *Store) receive(ctx context.Context, conn *transfer.Conn, apply func(*de
 		pr.CloseWithError(err)
 		done <- err
 	}()
-	st, rerr := conn.RecvStream(ctx, pw, transfer.RecvOptions{})
+	st, rerr := conn.RecvStream(ctx, pw, transfer.RecvOptions{MaxBytes: s.maxBytes})
 	pw.CloseWithError(rerr)
 	aerr := <-done
 	if rerr != nil {
@@ -399,7 +409,7 @@ func (s *Store) RebuildFinal(ctx context.Context, conn *transfer.Conn, imgDir st
 	if err != nil {
 		return st, fmt.Errorf("precopy rebuild: %w", errors.Join(err, fb.abandon()))
 	}
-	mst, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{})
+	mst, err := conn.RecvDir(ctx, imgDir, transfer.RecvOptions{MaxBytes: s.maxBytes})
 	st.MetaBytes = mst.WireBytes
 	if err == nil {
 		err = movePages(pagesDir, imgDir)

@@ -2,6 +2,7 @@ package precopy
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -13,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/edgehop/edgehop/internal/transfer"
 )
 
 // shmDir returns a fresh directory on tmpfs, removed when the test ends.
@@ -354,6 +356,42 @@ func (s *Store) applyRecords(buf []byte) error {
 		}
 		if err != nil {
 			return err
+		}
+	}
+}
+
+// TestStoreMaxBytes: a round larger than the store's bound is refused
+// with transfer.ErrTooLarge once past it; one within it is stored.
+func TestStoreMaxBytes(t *testing.T) {
+	var e encoder
+	e.single(roundBegin(&testHash, 1))
+	const pages = 64
+	for i := uint64(0); i < pages; i++ {
+		e.page(recData, 1, 0x10000+i*PageSize, 0, 0, filled(i))
+	}
+	e.flush()
+	e.single(record{typ: recEnd, addr: e.pages, saddr: e.records})
+	ctx := context.Background()
+	for _, tc := range []struct {
+		max int64
+		ok  bool
+	}{{0, true}, {int64(len(e.buf)), true}, {16 * PageSize, false}} {
+		src, dst := connPair(t, nil)
+		s := newTestStore(t)
+		s.SetMaxBytes(tc.max)
+		sent := make(chan error, 1)
+		go func() {
+			_, err := src.SendStream(ctx, bytes.NewReader(e.buf), transfer.SendOptions{})
+			sent <- err
+		}()
+		_, err := s.ReceiveRound(ctx, dst)
+		if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, transfer.ErrTooLarge)) {
+			t.Errorf("bound %d, round of %d bytes: %v", tc.max, len(e.buf), err)
+		}
+		if tc.ok {
+			if err := <-sent; err != nil {
+				t.Errorf("send: %v", err)
+			}
 		}
 	}
 }

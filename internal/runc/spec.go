@@ -56,6 +56,12 @@ type Spec struct {
 	DevDir string
 	// MemoryLimit is the memory cgroup limit in bytes; 0 means none.
 	MemoryLimit int64
+	// PidsLimit bounds the container's tasks (pids cgroup); 0 means none.
+	PidsLimit int64
+	// CPUMillis is the container's CPU quota in thousandths of a CPU
+	// (1500: one and a half CPUs, as a CFS quota of 150 ms per 100 ms
+	// period); 0 means none.
+	CPUMillis int64
 	// CgroupsPath is the container's cgroup path below each hierarchy's
 	// root. Containers on different emulated nodes of one host share the
 	// host's cgroupfs, so callers should make it unique per host (for
@@ -71,6 +77,13 @@ type Spec struct {
 	// container engines' default profile.
 	Seccomp *specs.LinuxSeccomp
 }
+
+// cpuPeriodUs is the CFS period of a CPU quota (the kernel's default);
+// the kernel refuses a quota below minCPUQuotaUs.
+const (
+	cpuPeriodUs   = 100_000
+	minCPUQuotaUs = 1000
+)
 
 // DefaultCapabilities is the capability set a container gets when
 // Spec.Capabilities is nil: the set container engines grant by default,
@@ -164,6 +177,12 @@ func (s Spec) Validate() error {
 	if s.MemoryLimit < 0 {
 		errs = append(errs, fmt.Errorf("memory limit %d is negative", s.MemoryLimit))
 	}
+	if s.PidsLimit < 0 {
+		errs = append(errs, fmt.Errorf("pids limit %d is negative", s.PidsLimit))
+	}
+	if s.CPUMillis < 0 || (s.CPUMillis > 0 && s.CPUMillis*cpuPeriodUs/1000 < minCPUQuotaUs) {
+		errs = append(errs, fmt.Errorf("cpu quota of %d millicpus: want 0 (none) or at least %d", s.CPUMillis, minCPUQuotaUs*1000/cpuPeriodUs))
+	}
 	for what, dir := range map[string]string{"shm": s.ShmDir, "dev": s.DevDir} {
 		if dir != "" && !filepath.IsAbs(dir) {
 			errs = append(errs, fmt.Errorf("%s dir %q must be an absolute path", what, dir))
@@ -210,6 +229,14 @@ func (s Spec) Config() (*specs.Spec, error) {
 	if s.MemoryLimit > 0 {
 		limit := s.MemoryLimit
 		resources.Memory = &specs.LinuxMemory{Limit: &limit}
+	}
+	if s.PidsLimit > 0 {
+		limit := s.PidsLimit
+		resources.Pids = &specs.LinuxPids{Limit: &limit}
+	}
+	if s.CPUMillis > 0 {
+		quota, period := s.CPUMillis*cpuPeriodUs/1000, uint64(cpuPeriodUs)
+		resources.CPU = &specs.LinuxCPU{Quota: &quota, Period: &period}
 	}
 	mounts := append(defaultMounts(s.DevDir, s.ShmDir), s.Mounts...)
 

@@ -26,6 +26,8 @@ func TestWriteBundle(t *testing.T) {
 		ReadonlyRootfs: true,
 		Mounts:         []specs.Mount{extra},
 		MemoryLimit:    64 << 20,
+		PidsLimit:      100,
+		CPUMillis:      1500,
 		CgroupsPath:    "/edgehop/tb/n0/probe1",
 	}
 	if err := runc.WriteBundle(dir, s); err != nil {
@@ -100,6 +102,12 @@ func TestWriteBundle(t *testing.T) {
 	if got.Linux.Resources.Memory == nil || *got.Linux.Resources.Memory.Limit != 64<<20 {
 		t.Errorf("memory %+v", got.Linux.Resources.Memory)
 	}
+	if p := got.Linux.Resources.Pids; p == nil || p.Limit == nil || *p.Limit != 100 {
+		t.Errorf("pids %+v", p)
+	}
+	if c := got.Linux.Resources.CPU; c == nil || c.Quota == nil || *c.Quota != 150_000 || c.Period == nil || *c.Period != 100_000 {
+		t.Errorf("cpu %+v, want a quota of 150 ms per 100 ms", c)
+	}
 	if got.Linux.CgroupsPath != s.CgroupsPath || !slices.Contains(got.Linux.MaskedPaths, "/proc/kcore") {
 		t.Errorf("cgroups path %q masked %v", got.Linux.CgroupsPath, got.Linux.MaskedPaths)
 	}
@@ -133,6 +141,9 @@ func TestSpecValidate(t *testing.T) {
 		{"relative cwd", func(s *runc.Spec) { s.Cwd = "srv" }, "cwd"},
 		{"relative netns", func(s *runc.Spec) { s.NetNSPath = "netns/x" }, "netns"},
 		{"negative memory", func(s *runc.Spec) { s.MemoryLimit = -1 }, "memory"},
+		{"negative pids", func(s *runc.Spec) { s.PidsLimit = -1 }, "pids"},
+		{"cpu quota below the kernel's minimum", func(s *runc.Spec) { s.CPUMillis = 5 }, "cpu"},
+		{"limits", func(s *runc.Spec) { s.MemoryLimit, s.PidsLimit, s.CPUMillis = 1<<30, 4096, 10 }, ""},
 		{"relative mount", func(s *runc.Spec) { s.Mounts = []specs.Mount{{Destination: "data"}} }, "mount"},
 	}
 	for _, tt := range tests {
