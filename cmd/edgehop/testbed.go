@@ -158,17 +158,18 @@ func testbedStatus(args []string) error {
 }
 
 func printStatus(st *testbed.State) {
-	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintf(w, "testbed %s\toverlay %s\tgateway %s\n", st.Name, st.Overlay, st.Gateway)
+	// The header's long lines go around the table, not through it.
+	fmt.Printf("testbed %s  overlay %s  gateway %s\n", st.Name, st.Overlay, st.Gateway)
 	if st.Controller.URL != "" {
-		fmt.Fprintf(w, "controller %s\t(dashboard and API)\n", st.Controller.URL)
+		fmt.Printf("controller  %s  (API; needs the token)\n", st.Controller.URL)
 		if tok, err := st.Controller.Token(); err == nil {
-			fmt.Fprintf(w, "dashboard %s\t(login link: sets a cookie)\n", controller.LoginURL(st.Controller.URL, tok))
-			fmt.Fprintf(w, "token file %s\t(API: Authorization: Bearer <token>)\n", st.Controller.TokenFile)
+			fmt.Printf("dashboard   %s  (login link: sets a cookie)\n", controller.LoginURL(st.Controller.URL, tok))
+			fmt.Printf("token file  %s  (Authorization: Bearer <token>)\n", st.Controller.TokenFile)
 		} else {
-			fmt.Fprintf(w, "token\t%v\n", err)
+			fmt.Printf("token       %v\n", err)
 		}
 	}
+	w := tabwriter.NewWriter(os.Stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "ROLE\tNAME\tNETNS\tADDRESS\tRATE\tDELAY\tJITTER\tLOSS\tAGENT PID\tAP")
 	row := func(role string, m testbed.Member) {
 		pid := "-"
