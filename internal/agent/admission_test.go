@@ -10,9 +10,8 @@ import (
 	"testing/synctest"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/edgehop/edgehop/internal/api"
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
 )
 
@@ -236,11 +235,11 @@ func TestScratchReservedAcrossMigrations(t *testing.T) {
 	if err := os.MkdirAll(a.scratchDir(), 0o700); err != nil {
 		t.Fatal(err)
 	}
-	var st unix.Statfs_t
-	if err := unix.Statfs(a.scratchDir(), &st); err != nil {
-		t.Fatal(err)
+	st, serr := linux.StatFileSystem(a.scratchDir())
+	if serr != nil {
+		t.Fatal(serr)
 	}
-	free := int64(st.Bavail) * st.Bsize
+	free := int64(st.Avail)
 	prep := func(id string, mem int64) migration.Prepare {
 		return migration.Prepare{ID: id, Name: id, Strategy: migration.StopAndCopy, MemoryBytes: mem}
 	}

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"time"
 )
 
 // Roles an agent can have.
@@ -73,12 +74,32 @@ type Config struct {
 	// their jobs "queued"; incoming ones are refused for now and their
 	// sources wait and ask again.
 	MaxMigrations int `json:"max_migrations,omitempty"`
+	// SourceSilenceMs bounds, in milliseconds, how long a prepared
+	// destination waits for its source's next message before the freeze
+	// (the live rounds' gaps, the source's holds and group barriers):
+	// past it, a source that vanished without a word (its agent stopped,
+	// its TCP connection still open) is given up, the copy and the claim
+	// on the name dropped. 0 is DefaultSourceSilence.
+	SourceSilenceMs int `json:"source_silence_ms,omitempty"`
 
 	Log *slog.Logger `json:"-"`
 }
 
 // DefaultVNI is the overlay's VXLAN id.
 const DefaultVNI = 4200
+
+// DefaultSourceSilence is Config.SourceSilenceMs's default: well above the
+// gaps of a real migration before its freeze (a round's page scan, the
+// 30 s drain of accept queues, a group's members waiting for each other).
+const DefaultSourceSilence = 5 * time.Minute
+
+// sourceSilence is the configured Config.SourceSilenceMs.
+func (c Config) sourceSilence() time.Duration {
+	if c.SourceSilenceMs > 0 {
+		return time.Duration(c.SourceSilenceMs) * time.Millisecond
+	}
+	return DefaultSourceSilence
+}
 
 // Validate reports every problem with the configuration at once.
 func (c Config) Validate() error {
@@ -109,6 +130,9 @@ func (c Config) Validate() error {
 	}
 	if c.MaxMigrations < 0 {
 		errs = append(errs, fmt.Errorf("max_migrations %d: want at least 1, or 0 for the default (%d)", c.MaxMigrations, DefaultMaxMigrations))
+	}
+	if c.SourceSilenceMs < 0 {
+		errs = append(errs, fmt.Errorf("source_silence_ms %d: want a positive bound, or 0 for the default (%s)", c.SourceSilenceMs, DefaultSourceSilence))
 	}
 	if c.VNI <= 0 || c.VNI >= 1<<24 {
 		errs = append(errs, fmt.Errorf("vni %d out of range", c.VNI))

@@ -13,8 +13,6 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/edgehop/edgehop/internal/api"
 	"github.com/edgehop/edgehop/internal/journal"
 	"github.com/edgehop/edgehop/internal/linux"
@@ -294,6 +292,8 @@ func (in *incoming) do(ctx context.Context, k migration.ActionKind) migration.Ev
 		return ev(migration.EvLazyDone, in.awaitLazy(ctx))
 	case migration.ActAskSource:
 		return in.askSource(ctx)
+	case migration.ActAskSourcePages:
+		return in.askSourcePages(ctx)
 	case migration.ActDestroy:
 		return ev(migration.EvDestroyed, in.destroy(ctx))
 	}
@@ -570,9 +570,8 @@ const scratchHeadroom = 32 << 20
 // reserve together: their sum must fit in the scratch space's size.
 func (a *Agent) checkScratchSpace(p migration.Prepare) error {
 	free, size := int64(-1), int64(-1)
-	var st unix.Statfs_t
-	if err := unix.Statfs(a.scratchDir(), &st); err == nil {
-		free, size = int64(st.Bavail)*st.Bsize, int64(st.Blocks)*st.Bsize
+	if st, err := linux.StatFileSystem(a.scratchDir()); err == nil {
+		free, size = int64(st.Avail), int64(st.Size)
 	}
 	need := int64(scratchHeadroom)
 	if !p.Strategy.Lazy() {
@@ -733,7 +732,7 @@ func syncFS(path string) error {
 		return err
 	}
 	defer f.Close()
-	return unix.Syncfs(int(f.Fd()))
+	return linux.Syncfs(f)
 }
 
 // receiveLayerAndStart receives the writable layer and runc's
@@ -1185,6 +1184,56 @@ func (in *incoming) askSource(ctx context.Context) migration.Event {
 		case <-time.After(wait):
 		}
 		wait = min(2*wait, 2*time.Second)
+	}
+}
+
+// askSourcePages settles a committed lazy copy whose lazy-pages daemon and
+// proxy died with the agent (migration.ActAskSourcePages): the pages not
+// yet here are lost to it, and a task faulting one of them once the
+// daemon's userfaultfd is closed reads zeros. The copy is frozen
+// meanwhile, so it serves nobody from such memory. The source decides:
+// its journal done (it served every page, its CRIU ended the session
+// with success): the copy is whole and thawed; its dump failed and CRIU
+// resumed the tasks there (PeerPhase.Holds), or it rolled back: the copy
+// goes, and the source takes the service back once it reads that.
+func (in *incoming) askSourcePages(ctx context.Context) migration.Event {
+	a, name := in.a, in.rec.Container
+	src, ok := a.peers[in.rec.Peer]
+	if !ok {
+		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("source %q is not a configured peer", in.rec.Peer)}
+	}
+	if err := linux.FreezeCgroup(ctx, a.cgroupsPath(name)); err != nil {
+		a.log.Warn("freeze a copy whose lazy pages were cut off", "container", name, "err", err)
+	}
+	wait := 100 * time.Millisecond
+	for n := 0; ; n++ {
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		ph, err := src.PeerPhase(rctx, in.rec.ID)
+		cancel()
+		switch {
+		case errors.Is(err, api.ErrNotFound):
+			return migration.Event{Kind: migration.EvPeerGaveUp}
+		case err == nil:
+			switch p := migration.Phase(ph.Phase); {
+			case p == migration.Done || p == migration.Lost:
+				// Lost: no copy but this one is left.
+				if err := linux.ThawCgroup(ctx, a.cgroupsPath(name)); err != nil {
+					return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("thaw %s: %w", name, err)}
+				}
+				return migration.Event{Kind: migration.EvPeerCommitted}
+			case p == migration.Committed && ph.Holds, p == migration.RolledBack, p == migration.Aborted:
+				return migration.Event{Kind: migration.EvPeerGaveUp}
+			}
+		}
+		if n%50 == 0 {
+			a.log.Warn("a copy whose lazy pages were cut off waits for the source's word", "container", name, "source", in.rec.Peer, "phase", ph.Phase, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return migration.Event{Kind: migration.EvFailed, Err: ctx.Err()}
+		case <-time.After(wait):
+		}
+		wait = min(2*wait, time.Second)
 	}
 }
 

@@ -32,7 +32,13 @@
 // scratch space and memory until it ends (checkScratchSpace): one that
 // would fit but for the others' reservations is refused for now in the
 // same way; one that could never fit is refused for good. None of this
-// runs inside the frozen window.
+// runs inside the frozen window. A prepared destination gives up a
+// source that sends nothing for Config.SourceSilenceMs (default 5
+// minutes) before the freeze, dropping its copy, namespace, reservations
+// and claim on the name (journal aborted): TCP's keepalive and
+// TCP_USER_TIMEOUT end the connection to a vanished node or over a cut
+// link within ~15 s, but not to an agent that stopped or hung with its
+// socket open, whose kernel still acknowledges (TestSourceSilentBeforeFreeze).
 //
 // Every container runs under cgroup limits of memory, tasks and CPU
 // (limits.go: `edgehop run --memory --pids --cpus`, defaults 2 GiB, 4096,
@@ -251,9 +257,25 @@
 // killed its tasks and runc removed the container, so a rollback before
 // the commit (the source agent's crash) found only page-less images.
 // A destination agent that restarts during the lazy phase loses its
-// lazy-pages daemon and proxy, and with them the pages still on A: A
-// then asks B whether the copy runs (ActCheckDest) and reports the
-// migration lost, never ok, when it does not.
+// lazy-pages daemon and proxy (the daemon exits on the proxy's reset,
+// its userfaultfd closed: a task then faulting a missing page would read
+// zeros), and with them the pages still on A. A's page server sees the
+// session reset; CRIU then puts the dumped tasks back alive, their memory
+// untouched (cr_dump_finish: a failed cr_lazy_mem_dump leaves them
+// TASK_ALIVE), and `runc checkpoint` fails without destroying them
+// ("container still running"; runc 1.1's deferred destroy refuses a
+// running or paused container). The restarted B freezes its copy and
+// asks A (migration.ActAskSourcePages): A's journal done (every page
+// served) keeps it; A holding the tasks again (PeerPhase.Holds: no runc
+// works on the container and runc still knows it) destroys it, journaled
+// aborted. A, asking B meanwhile (ActCheckDest), takes the service back
+// only on that definitive answer (B's record aborted, its container
+// gone): thawed, its connections out of repair mode, the traffic pointed
+// back here, rolled back with all its data. What B's copy answered after
+// its restore is lost with it, and a client that talked to it meanwhile
+// finds its connection's sequence numbers behind (an idle one keeps its
+// connection, TestKillDestinationDuringLazyPhase). Only if A cannot take
+// it back is the migration lost, never ok.
 // Both ends of CRIU's page-server session cork their sockets, and the
 // daemon's CLOSE and the server's answer to it each waited out the kernel's
 // 200 ms cork timeout; the proxy closes the session itself once the daemon

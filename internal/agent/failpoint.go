@@ -13,3 +13,6 @@ func (a *Agent) failpoint(string) {}
 
 // failpointArmed reports false: failpoints are not built in.
 func (a *Agent) failpointArmed(string) bool { return false }
+
+// failpointStop does nothing: failpoints are not built in.
+func (a *Agent) failpointStop(string) {}

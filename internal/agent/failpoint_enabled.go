@@ -5,6 +5,7 @@ package agent
 import (
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // failpoint makes the agent exit at once, as a crash would, when
@@ -17,6 +18,16 @@ func (a *Agent) failpoint(name string) {
 	if os.Remove(filepath.Join(a.cfg.StateDir, "failpoint-"+name)) == nil {
 		a.log.Error("failpoint reached: exiting as a crash would", "failpoint", name)
 		os.Exit(137)
+	}
+}
+
+// failpointStop stops the agent (SIGSTOP to itself), as a hang would, when
+// <state>/failpoint-<name> exists (removed first): its connections stay
+// open and its kernel acknowledges, but it says nothing until a SIGCONT.
+func (a *Agent) failpointStop(name string) {
+	if os.Remove(filepath.Join(a.cfg.StateDir, "failpoint-"+name)) == nil {
+		a.log.Error("failpoint reached: stopping as a hang would", "failpoint", name)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
 	}
 }
 

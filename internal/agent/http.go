@@ -207,6 +207,8 @@ func (a *Agent) peerHandler() http.Handler {
 		if rec.Role == migration.RoleDestination {
 			st, err := a.rt.State(r.Context(), rec.Container)
 			ph.Running = err == nil && st.Status == runc.StatusRunning
+		} else {
+			ph.Holds = a.holdsTasks(r.Context(), rec.Container)
 		}
 		writeJSON(w, http.StatusOK, ph)
 	})

@@ -103,18 +103,33 @@ func layerLimit(ln migration.LayerNotice) int64 {
 	return 2*min(max(ln.Bytes, 0), maxStateSize) + maxStateSlack
 }
 
+// errSourceSilent ends an incoming migration whose source sent nothing
+// for Config.SourceSilenceMs before the freeze.
+var errSourceSilent = errors.New("the source went silent before the freeze")
+
 // receiveRounds is the destination side of the live rounds: it stores
 // each round until the source announces the freeze. store is nil when the
 // strategy has no live rounds. live, when set, receives a live writable
 // layer (migration.MsgLiveLayer). An abort from the source (it gave up
 // before freezing: the service still runs there) ends it with an error
-// and nothing to roll back.
+// and nothing to roll back, and so does a source silent for longer than
+// Config.SourceSilenceMs between two messages: TCP's keepalive and
+// TCP_USER_TIMEOUT find a vanished node or a cut link, not an agent that
+// stopped with its connection open (SIGSTOP, a hang), whose kernel still
+// acknowledges; without this bound its destination would hold the name,
+// the namespace and the reservations forever.
 func (a *Agent) receiveRounds(ctx context.Context, conn *transfer.Conn, store *precopy.Store, upper string, live func(context.Context, migration.LiveLayer) error) (migration.FreezeNotice, error) {
 	var fz migration.FreezeNotice
+	silence := a.cfg.sourceSilence()
 	for {
-		typ, body, err := conn.ReadMsg(ctx)
+		rctx, cancel := context.WithTimeoutCause(ctx, silence, errSourceSilent)
+		typ, body, err := conn.ReadMsg(rctx)
+		silent := err != nil && ctx.Err() == nil && errors.Is(context.Cause(rctx), errSourceSilent)
+		cancel()
 		m := peerMessage{typ, body, err}
 		switch {
+		case silent:
+			return fz, fmt.Errorf("waiting for the freeze: %w for %s", errSourceSilent, silence)
 		case err != nil:
 			return fz, fmt.Errorf("waiting for the freeze: %w", err)
 		case typ == migration.MsgFrozen:

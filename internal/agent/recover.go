@@ -248,7 +248,7 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 // recoverDest settles a migration this node was the destination of.
 func (a *Agent) recoverDest(ctx context.Context, rec journal.Record) migration.Outcome {
 	m := a.readMeta(rec.Container)
-	d, acts := migration.RecoverDest(rec.Phase)
+	d, acts := migration.RecoverDest(rec.Strategy, rec.Phase)
 	j := newJob(rec.ID, migration.RoleDestination, rec.Container, rec.Peer, a.cfg.Node, rec.Strategy, nil)
 	a.jobs.add(j)
 	in := &incoming{a: a, job: j, m: d, rec: rec, c: &container{meta: m}, claimed: true,

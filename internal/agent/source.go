@@ -482,6 +482,7 @@ func (o *outgoing) do(ctx context.Context, k migration.ActionKind) migration.Eve
 	case migration.ActPrepare:
 		return o.event(ctx, migration.EvPrepared, o.prepare(ctx))
 	case migration.ActRounds:
+		o.a.failpointStop("source-stop-rounds") // the destination waits, prepared
 		return o.event(ctx, migration.EvRoundsDone, o.rounds(ctx))
 	case migration.ActFreeze:
 		// runc and CRIU start now, while the service runs, and wait
@@ -1331,6 +1332,12 @@ func (o *outgoing) checkDest() migration.Event {
 		case migration.Phase(ph.Phase).Final() && ph.Running:
 			a.log.Warn("post-copy pages failed, but the destination's copy runs", "container", o.rec.Container, "destination", o.rec.Peer)
 			return migration.Event{Kind: migration.EvPeerCommitted}
+		case migration.Phase(ph.Phase) == migration.Aborted && a.holdsTasks(a.runCtx, o.rec.Container):
+			// Destroyed there for good (journaled aborted, the
+			// container gone), and CRIU resumed the tasks here when
+			// its page server's session failed: take it back.
+			a.log.Warn("post-copy pages failed and the destination destroyed its copy: taking the service back", "container", o.rec.Container, "destination", o.rec.Peer)
+			return migration.Event{Kind: migration.EvPeerDestroyed}
 		case migration.Phase(ph.Phase).Final():
 			return migration.Event{Kind: migration.EvPeerGaveUp,
 				Err: fmt.Errorf("the copy on %s does not run (its migration %s there)", o.rec.Peer, ph.Phase)}
@@ -1345,6 +1352,21 @@ func (o *outgoing) checkDest() migration.Event {
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
+}
+
+// holdsTasks reports whether container name's tasks are here, alive: no
+// runc works on it (a dump ended) and runc still knows it, running or
+// paused. After a lazy dump that is the failed dump's doing: CRIU resumes
+// the tasks when its page server's session fails (cr_dump_finish puts
+// them back to TASK_ALIVE, their memory untouched), and `runc
+// checkpoint` then fails without destroying them ("container still
+// running").
+func (a *Agent) holdsTasks(ctx context.Context, name string) bool {
+	if len(a.runcProcs(name)) > 0 {
+		return false
+	}
+	st, err := a.rt.State(ctx, name)
+	return err == nil && (st.Status == runc.StatusRunning || st.Status == runc.StatusPaused)
 }
 
 // releaseSource removes the migrated container's remains here (the runc

@@ -3,16 +3,17 @@ package agent
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"syscall"
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/migration"
 	"github.com/edgehop/edgehop/internal/runc"
 	specs "github.com/opencontainers/runtime-spec/specs-go"
-	"golang.org/x/sys/unix"
 )
 
 // inLayer is path rel of container name's writable layer on this node.
@@ -78,8 +79,8 @@ func (a *Agent) makeVolumes(m meta) error {
 // without leaving rootfs) into dir, with owners, modes and links as they
 // are; os.ErrNotExist when the image has no such directory.
 func seedVolume(rootfs, v, dir string) error {
-	src, err := linux.OpenInRoot(rootfs, v, unix.O_RDONLY|unix.O_DIRECTORY)
-	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) {
+	src, err := linux.OpenInRoot(rootfs, v, os.O_RDONLY|syscall.O_DIRECTORY)
+	if errors.Is(err, syscall.ENOENT) || errors.Is(err, syscall.ENOTDIR) {
 		return os.ErrNotExist
 	}
 	if err != nil {
@@ -87,10 +88,11 @@ func seedVolume(rootfs, v, dir string) error {
 	}
 	defer src.Close()
 	fd := int(src.Fd())
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
+	info, err := src.Stat() // fstat
+	if err != nil {
 		return err
 	}
+	st := info.Sys().(*syscall.Stat_t)
 	// The open descriptor is the source (through this process's fd
 	// link): no path is resolved in the image again.
 	from := "/proc/" + strconv.Itoa(os.Getpid()) + "/fd/" + strconv.Itoa(fd) + "/."
@@ -101,5 +103,5 @@ func seedVolume(rootfs, v, dir string) error {
 	if err := os.Chown(dir, int(st.Uid), int(st.Gid)); err != nil {
 		return err
 	}
-	return unix.Chmod(dir, st.Mode&0o7777)
+	return os.Chmod(dir, fs.FileMode(st.Mode&0o777)|modeBits(st.Mode))
 }

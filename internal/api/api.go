@@ -559,6 +559,11 @@ type PeerPhase struct {
 	// Running says, from a destination, that the migration's container
 	// runs there now (a post-copy source asks it when its pages failed).
 	Running bool `json:"running,omitempty"`
+	// Holds says, from a source, that the service's tasks are there
+	// again: its dump ended (no runc works on the container) and left
+	// the container (a failed lazy dump, which CRIU resumes). A
+	// destination whose restart cut its lazy pages off asks it.
+	Holds bool `json:"holds,omitempty"`
 }
 
 // Heartbeat is what an agent reports to the controller every second.

@@ -7,7 +7,7 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/edgehop/edgehop/internal/linux"
 )
 
 // WarmMemory touches n bytes of fresh anonymous memory once, page by
@@ -24,14 +24,14 @@ func WarmMemory(n int64) (time.Duration, error) {
 	page := int64(os.Getpagesize())
 	for done := int64(0); done < n; done += chunk {
 		size := min(chunk, n-done)
-		b, err := unix.Mmap(-1, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+		b, err := linux.MapAnonymous(int(size))
 		if err != nil {
 			return time.Since(start), fmt.Errorf("warm memory: %w", err)
 		}
 		for i := int64(0); i < size; i += page {
 			b[i] = 1
 		}
-		if err := unix.Munmap(b); err != nil {
+		if err := linux.Unmap(b); err != nil {
 			return time.Since(start), fmt.Errorf("warm memory: %w", err)
 		}
 	}

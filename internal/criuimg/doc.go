@@ -29,4 +29,9 @@
 // It decodes only that field of each core image, not the registers:
 // about 0.3 ms for a 20-task tree, so it runs in the frozen window. It
 // must not rewrite anything.
+//
+// DecodePagemap is the one decoder of CRIU's pagemap images (precopy's
+// transfer and parent split, runc's memory stats): framing and head
+// checked at once, entries decoded one at a time without allocating, as
+// pre-copy reads them in the frozen window.
 package criuimg

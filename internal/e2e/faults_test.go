@@ -408,3 +408,110 @@ func TestKillSourceBeforeFreeze(t *testing.T) {
 		})
 	}
 }
+
+// TestSourceSilentBeforeFreeze stops the source's agent (SIGSTOP, failpoint
+// source-stop-rounds) as its live rounds start, the destination prepared:
+// its TCP connection stays open and its kernel acknowledges, so only the
+// destination's own bound (source_silence_ms, 3 s here) ends the wait. The
+// destination drops its copy and its claim (journal aborted); once the
+// source goes on, it aborts, the service never having stopped, and the
+// next migration to that destination succeeds. In the partition case the
+// source's node vanishes instead (its link cut to 100% loss as its agent
+// goes on): TCP's keepalive and TCP_USER_TIMEOUT end the destination's
+// wait within seconds, with the default 5-minute bound.
+func TestSourceSilentBeforeFreeze(t *testing.T) {
+	for _, tc := range []struct{ strategy, how string }{
+		{"pre-copy", "stop"}, {"hybrid", "stop"}, {"hybrid", "partition"},
+	} {
+		strategy := tc.strategy
+		t.Run(strategy+"/"+tc.how, func(t *testing.T) {
+			e := newEnvWith(t, failpointBinary)
+			spec := testbed.DefaultSpec(e.name, 2, 1)
+			for i := range spec.Nodes {
+				spec.Nodes[i].Link.RateBps = 200_000_000
+			}
+			spec.Clients[0].Link.RateBps = 1_000_000_000
+			st := e.upAPI(spec, testbed.Options{})
+			e.logsOnFailure(st)
+			addr, rc := e.redisWithData(st, 10_000, 1000)
+			f := &faultBed{e: e, st: st, rc: rc, addr: addr, keys: 10_000, size: 1000}
+			// node1 waits for a silent source 3 s (its agent reads the
+			// config as the supervisor restarts it).
+			if tc.how == "stop" {
+				setAgentConfig(f, "node1", "source_silence_ms", 3000)
+			}
+			fp := filepath.Join(f.node("node0").StateDir, "failpoint-source-stop-rounds")
+			if err := os.WriteFile(fp, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			src := f.agentPID("node0")
+			t.Cleanup(func() { _ = syscall.Kill(src, syscall.SIGCONT) })
+			id := f.start(strategy)
+			f.waitFor("the source agent's stop", func() bool {
+				_, err := os.Stat(fp)
+				return os.IsNotExist(err)
+			})
+			stopped := time.Now()
+			link := f.node("node0").Link
+			if tc.how == "partition" {
+				cut := link
+				cut.Loss = 1
+				if err := testbed.SetLink(context.Background(), f.e.root, f.e.name, "node0", cut); err != nil {
+					t.Fatalf("cut node0's link: %v", err)
+				}
+				if err := syscall.Kill(src, syscall.SIGCONT); err != nil {
+					t.Fatal(err)
+				}
+			}
+			f.waitFor("the destination's giving up", func() bool { return f.phase("node1", id).Final() })
+			t.Logf("the destination ended %s %s after the source went silent (%s)", f.phase("node1", id), time.Since(stopped).Round(time.Millisecond), tc.how)
+			if p := f.phase("node1", id); p != migration.Aborted {
+				t.Fatalf("the destination ended %s, want %s", p, migration.Aborted)
+			}
+			if tc.how == "partition" {
+				if err := testbed.SetLink(context.Background(), f.e.root, f.e.name, "node0", link); err != nil {
+					t.Fatalf("heal node0's link: %v", err)
+				}
+			} else if err := syscall.Kill(src, syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			if out := f.settle(id); out != migration.Aborted {
+				t.Fatalf("the source ended %s, want aborted", out)
+			}
+			f.check("node0")
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			var res migResult
+			err := f.client("node0").Migrate(ctx, "redis", api.MigrateRequest{To: "node1", Strategy: strategy,
+				Compression: "off", LinkBps: 200_000_000}, &res)
+			if err != nil || !res.OK {
+				t.Fatalf("the next migration to node1: %+v, %v", res, err)
+			}
+			f.check("node1")
+		})
+	}
+}
+
+// setAgentConfig sets key to v in node's agent config and restarts its
+// agent (the supervisor starts it again with the file).
+func setAgentConfig(f *faultBed, node, key string, v any) {
+	t := f.e.t
+	t.Helper()
+	cfgPath := filepath.Join(f.node(node).StateDir, "agent.json")
+	b, err := os.ReadFile(cfgPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var cfg map[string]any
+	if err := json.Unmarshal(b, &cfg); err != nil {
+		t.Fatal(err)
+	}
+	cfg[key] = v
+	if b, err = json.Marshal(cfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfgPath, b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	f.kill(node)
+}

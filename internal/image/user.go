@@ -5,11 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
+	"os"
 	"strconv"
 	"strings"
 
 	"github.com/edgehop/edgehop/internal/linux"
-	"golang.org/x/sys/unix"
 )
 
 // IDs are the credentials a container's process runs with.
@@ -89,8 +90,8 @@ const maxIDFile = 1 << 20
 // readInRoot reads rootfs/name without following a link out of rootfs;
 // a missing file reads empty.
 func readInRoot(rootfs, name string) ([]byte, error) {
-	f, err := linux.OpenInRoot(rootfs, name, unix.O_RDONLY)
-	if errors.Is(err, unix.ENOENT) {
+	f, err := linux.OpenInRoot(rootfs, name, os.O_RDONLY)
+	if errors.Is(err, fs.ErrNotExist) { // ENOENT
 		return nil, nil
 	}
 	if err != nil {

@@ -104,3 +104,18 @@ func Unmap(b []byte) error {
 	}
 	return nil
 }
+
+// MapAnonymous maps size bytes of private, anonymous, read-write memory,
+// which the kernel backs on first touch; Unmap gives it back.
+func MapAnonymous(size int) ([]byte, error) {
+	return unix.Mmap(-1, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_PRIVATE|unix.MAP_ANONYMOUS)
+}
+
+// Syncfs writes the dirty data of the whole file system holding f to
+// disk (syncfs(2)).
+func Syncfs(f *os.File) error {
+	if err := unix.Syncfs(int(f.Fd())); err != nil {
+		return fmt.Errorf("syncfs %s: %w", f.Name(), err)
+	}
+	return nil
+}

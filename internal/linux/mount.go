@@ -77,3 +77,55 @@ func MountTmpfs(target string, sizeMB int) error {
 	}
 	return nil
 }
+
+// MountTmpfsReadOnly mounts a tmpfs at target (which must exist) with
+// opts, nosuid, nodev and noexec, runs fill to write its content, then
+// makes it read-only. Should fill or the remount fail, the tmpfs is
+// detached again and their error returned.
+func MountTmpfsReadOnly(target, opts string, fill func() error) error {
+	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
+	if err := unix.Mount("tmpfs", target, "tmpfs", flags, opts); err != nil {
+		return fmt.Errorf("mount tmpfs at %s: %w", target, err)
+	}
+	err := fill()
+	if err == nil {
+		err = unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "")
+	}
+	if err != nil {
+		_ = unix.Unmount(target, unix.MNT_DETACH)
+		return err
+	}
+	return nil
+}
+
+// File system magics (statfs(2) f_type) of FileSystem.Type.
+const (
+	TmpfsMagic  = unix.TMPFS_MAGIC
+	CgroupMagic = unix.CGROUP_SUPER_MAGIC
+)
+
+// FileSystem is what statfs(2) says of the file system holding a path.
+type FileSystem struct {
+	Type     int64 // its magic: TmpfsMagic, CgroupMagic, …
+	ReadOnly bool  // mounted read-only (ST_RDONLY)
+	NoDev    bool  // mounted nodev: device nodes do not work (ST_NODEV)
+	// Avail is the bytes free for unprivileged users (f_bavail × f_bsize).
+	Avail uint64
+	Size  uint64 // the bytes it holds in all (f_blocks × f_bsize)
+}
+
+// StatFileSystem describes the file system holding path. The error is
+// statfs's bare errno.
+func StatFileSystem(path string) (FileSystem, error) {
+	var st unix.Statfs_t
+	if err := unix.Statfs(path, &st); err != nil {
+		return FileSystem{}, err
+	}
+	return FileSystem{
+		Type:     st.Type,
+		ReadOnly: st.Flags&unix.ST_RDONLY != 0,
+		NoDev:    st.Flags&unix.ST_NODEV != 0,
+		Avail:    st.Bavail * uint64(st.Bsize),
+		Size:     st.Blocks * uint64(st.Bsize),
+	}, nil
+}

@@ -87,3 +87,20 @@ func snmpField(text, proto, field string) (int64, error) {
 	}
 	return 0, fmt.Errorf("no %s %s in snmp counters", proto, field)
 }
+
+// Gettid returns the calling thread's id.
+func Gettid() int { return unix.Gettid() }
+
+// Nice returns the calling process's nice value (getpriority(2) of
+// PRIO_PROCESS 0, whose kernel result is 20 - nice).
+func Nice() (int, error) {
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	if err != nil {
+		return 0, err
+	}
+	return 20 - prio, nil
+}
+
+// SetGroupNice sets the nice value of every process of process group
+// pgid (setpriority(2) PRIO_PGRP).
+func SetGroupNice(pgid, nice int) error { return unix.Setpriority(unix.PRIO_PGRP, pgid, nice) }

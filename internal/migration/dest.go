@@ -116,6 +116,18 @@ func (d *Dest) Step(ev Event) ([]Action, error) {
 			d.pending = 0
 			return []Action{finish(OutcomeUndecided, errors.Join(ErrUndecided, ev.Err))}, nil
 		}
+	case ActAskSourcePages:
+		switch ev.Kind {
+		case EvPeerCommitted:
+			// The source served every page: the copy is whole.
+			return d.commit(false), nil
+		case EvPeerGaveUp:
+			return d.destroy(errors.New("the lazy pages were cut off by the restart and the source holds the service again"), false), nil
+		case EvFailed:
+			// Stopping while undecided: the journal keeps Committed.
+			d.pending = 0
+			return []Action{finish(OutcomeUndecided, errors.Join(ErrUndecided, ev.Err))}, nil
+		}
 	case ActAwaitLazy:
 		switch ev.Kind {
 		case EvLazyDone, EvFailed:
@@ -187,11 +199,19 @@ func (d *Dest) end(p Phase, o Outcome, err error) []Action {
 // Before Restored nothing of the service ever answered here: the copy is
 // destroyed and that journaled, which a committed source reads as the
 // service handed back. Restored asks the source's journal. Committed
-// completes: the held packets are delivered.
-func RecoverDest(p Phase) (*Dest, []Action) {
+// completes: the held packets are delivered; with a lazy strategy s only
+// once the source says it served every page (ActAskSourcePages): the
+// lazy-pages daemon and the proxy died with the agent, so a copy whose
+// pages did not all arrive cannot run on, and its source, whose lazy dump
+// then failed, holds the service again.
+func RecoverDest(s Strategy, p Phase) (*Dest, []Action) {
 	// The lazy tail of a post-copy migration (the daemon's tunnel to the
 	// source) died with the agent: nothing to wait for.
 	d := &Dest{strategy: StopAndCopy, phase: p}
+	if p == Committed && s.Lazy() {
+		d.pending = ActAskSourcePages
+		return d, []Action{act(ActAskSourcePages)}
+	}
 	switch p {
 	case "", Preparing, Prepared, LiveRounds, Frozen, Transferred:
 		return d, d.destroy(errors.New("the destination agent restarted before the service was restored"), false)

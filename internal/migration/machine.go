@@ -116,13 +116,18 @@ const (
 	// EvJournalFailed: the phase just entered could not be persisted, so
 	// the action after it was not taken.
 	EvJournalFailed
+	// EvPeerDestroyed (source, post-copy pages failed): the destination
+	// destroyed its copy and journaled that (its record final, not done,
+	// the container gone), and the service's tasks are still here: CRIU
+	// resumed them when its lazy page server's session failed.
+	EvPeerDestroyed
 )
 
 var eventNames = map[EventKind]string{
 	EvStart: "start", EvPrepared: "prepared", EvRoundsDone: "rounds-done", EvFrozen: "frozen",
 	EvDumped: "dumped", EvSent: "sent", EvRestored: "restored", EvCommit: "commit", EvSwitched: "switched",
 	EvLazyDone: "lazy-done", EvResumed: "resumed", EvReleased: "released", EvDestroyed: "destroyed",
-	EvPeerCommitted: "peer-committed", EvPeerGaveUp: "peer-gave-up",
+	EvPeerCommitted: "peer-committed", EvPeerGaveUp: "peer-gave-up", EvPeerDestroyed: "peer-destroyed",
 	EvFailed: "failed", EvPeerAborted: "peer-aborted", EvCancel: "cancel", EvBudget: "budget",
 	EvJournalFailed: "journal-failed",
 }
@@ -175,6 +180,11 @@ const (
 	ActAskSource   // the source is silent: ask its journal until it committed or rolled back
 	ActDestroy     // remove the copy and everything prepared
 	ActFinish      // the migration ended: Action.Outcome, Action.Err
+	// ActAskSourcePages: a restart cut the lazy tail of a committed
+	// post-copy copy; ask the source whether it served every page (its
+	// journal done: the copy is whole) or holds the service again (its
+	// lazy dump failed and CRIU resumed the tasks: the copy goes).
+	ActAskSourcePages
 )
 
 var actionNames = map[ActionKind]string{
@@ -185,7 +195,7 @@ var actionNames = map[ActionKind]string{
 	ActSetupDest: "set up", ActAckPrepared: "ack prepared, await freeze", ActTakeTraffic: "take traffic (held)",
 	ActReceive: "receive state", ActRestore: "restore", ActAwaitCommit: "await commit",
 	ActReleaseHeld: "release held packets", ActAckCommit: "report serving", ActAskSource: "ask source",
-	ActDestroy: "destroy copy", ActFinish: "finish",
+	ActDestroy: "destroy copy", ActFinish: "finish", ActAskSourcePages: "ask source for pages",
 }
 
 func (k ActionKind) String() string {

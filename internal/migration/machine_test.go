@@ -111,6 +111,12 @@ func TestSourceScenarios(t *testing.T) {
 		{"post-copy pages lost after the switch, no copy runs: lost, never ok", PostCopy,
 			append(happy, ev(EvSwitched), fail(), ev(EvPeerGaveUp), ev(EvReleased)),
 			append(append([]string{}, toCommit...), "await lazy pages", "check destination's copy", "release source", "journal lost", "finish lost (boom)")},
+		{"post-copy pages lost after the switch, the destination's copy destroyed and the tasks here: taken back", PostCopy,
+			append(happy, ev(EvSwitched), fail(), ev(EvPeerDestroyed), ev(EvResumed)),
+			append(append([]string{}, toCommit...), "await lazy pages", "check destination's copy", "restore on source", "journal rolled-back", "finish rolled-back (taken back from the destination, whose lazy pages were cut off (boom): the service resumed with its memory as frozen, and whatever the destination's copy acknowledged after its restore is lost)")},
+		{"post-copy pages lost, the destination's copy destroyed, the take-back fails: lost", PostCopy,
+			append(happy, ev(EvSwitched), fail(), ev(EvPeerDestroyed), fail()),
+			append(append([]string{}, toCommit...), "await lazy pages", "check destination's copy", "restore on source", "journal lost", "finish lost (taken back from the destination, whose lazy pages were cut off (boom): the service resumed with its memory as frozen, and whatever the destination's copy acknowledged after its restore is lost\nboom)")},
 		{"post-copy pages lost after the switch, the destination unknown: lost", PostCopy,
 			append(happy, ev(EvSwitched), fail(), fail(), ev(EvReleased)),
 			append(append([]string{}, toCommit...), "await lazy pages", "check destination's copy", "release source", "journal lost", "finish lost (boom\nboom)")},
@@ -311,21 +317,29 @@ func TestRecoverSource(t *testing.T) {
 func TestRecoverDest(t *testing.T) {
 	destroyed := []string{"destroy copy", "journal aborted", "finish aborted (the destination agent restarted before the service was restored)"}
 	for _, tc := range []struct {
-		phase  Phase
-		events []Event
-		want   []string
+		phase    Phase
+		events   []Event
+		want     []string
+		strategy Strategy
 	}{
-		{Prepared, []Event{ev(EvDestroyed)}, destroyed},
-		{Transferred, []Event{ev(EvDestroyed)}, destroyed},
+		{Prepared, []Event{ev(EvDestroyed)}, destroyed, StopAndCopy},
+		{Transferred, []Event{ev(EvDestroyed)}, destroyed, StopAndCopy},
 		{Restored, []Event{ev(EvPeerCommitted)},
-			[]string{"ask source", "journal committed", "release held packets", "journal done", "finish ok"}},
+			[]string{"ask source", "journal committed", "release held packets", "journal done", "finish ok"}, StopAndCopy},
 		{Restored, []Event{ev(EvPeerGaveUp), ev(EvDestroyed)},
-			[]string{"ask source", "destroy copy", "journal aborted", "finish aborted (the source kept the service)"}},
+			[]string{"ask source", "destroy copy", "journal aborted", "finish aborted (the source kept the service)"}, StopAndCopy},
 		{Committed, nil,
-			[]string{"journal committed", "release held packets", "journal done", "finish ok"}},
+			[]string{"journal committed", "release held packets", "journal done", "finish ok"}, StopAndCopy},
+		// A lazy tail cut by the restart: the source decides.
+		{Committed, []Event{ev(EvPeerCommitted)},
+			[]string{"ask source for pages", "journal committed", "release held packets", "journal done", "finish ok"}, PostCopy},
+		{Committed, []Event{ev(EvPeerGaveUp), ev(EvDestroyed)},
+			[]string{"ask source for pages", "destroy copy", "journal aborted", "finish aborted (the lazy pages were cut off by the restart and the source holds the service again)"}, Hybrid},
+		{Committed, []Event{fail()},
+			[]string{"ask source for pages", "finish undecided (the peer's decision is unknown; asked again when the agent starts\nboom)"}, PostCopy},
 	} {
-		t.Run(string(tc.phase), func(t *testing.T) {
-			m, acts := RecoverDest(tc.phase)
+		t.Run(string(tc.phase)+"/"+string(tc.strategy), func(t *testing.T) {
+			m, acts := RecoverDest(tc.strategy, tc.phase)
 			var got []string
 			for _, a := range acts {
 				got = append(got, a.String())

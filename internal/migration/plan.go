@@ -20,7 +20,7 @@ var success = map[ActionKind]EventKind{
 	ActSend: EvSent, ActAwaitOutcome: EvSwitched, ActAskDest: EvPeerCommitted, ActAwaitLazy: EvLazyDone,
 	ActCheckDest: EvPeerCommitted, ActRelease: EvReleased, ActResume: EvResumed, ActRestoreLocal: EvResumed,
 	ActSetupDest: EvPrepared, ActAckPrepared: EvFrozen, ActReceive: EvSent, ActRestore: EvRestored,
-	ActAwaitCommit: EvCommit, ActAskSource: EvPeerCommitted, ActDestroy: EvDestroyed,
+	ActAwaitCommit: EvCommit, ActAskSource: EvPeerCommitted, ActAskSourcePages: EvPeerCommitted, ActDestroy: EvDestroyed,
 }
 
 // stepper is what Source and Dest have in common.

@@ -1,6 +1,9 @@
 package migration
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Source is the source side of one migration as a pure state machine, in
 // the manner of etcd's raft: Step takes what happened and returns what to
@@ -143,6 +146,15 @@ func (s *Source) Step(ev Event) ([]Action, error) {
 		}
 	case ActCheckDest:
 		switch ev.Kind {
+		case EvPeerDestroyed:
+			// The destination's copy is gone for good and the tasks
+			// are here, memory intact: take the service back (thawed,
+			// listed and announced here again, as after a hand-back).
+			// What the copy answered since its restore is not here:
+			// the result says so.
+			s.cause = fmt.Errorf("taken back from the destination, whose lazy pages were cut off (%w): the service resumed with its memory as frozen, and whatever the destination's copy acknowledged after its restore is lost", s.lazyErr)
+			s.pending = ActRestoreLocal
+			return []Action{act(ActRestoreLocal)}, nil
 		case EvPeerCommitted:
 		case EvPeerGaveUp, EvFailed:
 			s.lost = true

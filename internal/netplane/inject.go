@@ -7,7 +7,6 @@ import (
 	"net"
 
 	"github.com/edgehop/edgehop/internal/linux"
-	"golang.org/x/sys/unix"
 )
 
 // SendOverlay sends each packet to the container whose MAC is to through
@@ -24,9 +23,9 @@ func (p *Plane) SendOverlay(to net.HardwareAddr, pkts []Packet) error {
 	if err != nil {
 		return fmt.Errorf("overlay device: %w", err)
 	}
-	var fd int
+	var s *linux.FrameSender
 	open := func() (err error) {
-		fd, err = unix.Socket(unix.AF_PACKET, unix.SOCK_RAW|unix.SOCK_CLOEXEC, 0)
+		s, err = linux.OpenFrameSender(vx.Attrs().Index, linux.EtherTypeIPv4, to)
 		return err
 	}
 	if p.ns != "" {
@@ -37,9 +36,7 @@ func (p *Plane) SendOverlay(to net.HardwareAddr, pkts []Packet) error {
 	if err != nil {
 		return fmt.Errorf("packet socket: %w", err)
 	}
-	defer unix.Close(fd)
-	sa := &unix.SockaddrLinklayer{Ifindex: vx.Attrs().Index, Protocol: htons(unix.ETH_P_IP), Halen: 6}
-	copy(sa.Addr[:], to)
+	defer s.Close()
 	var errs []error
 	frame := make([]byte, 0, 1514)
 	for _, pk := range pkts {
@@ -49,13 +46,11 @@ func (p *Plane) SendOverlay(to net.HardwareAddr, pkts []Packet) error {
 		}
 		frame = append(frame[:0], to...)
 		frame = append(frame, pk.From...)
-		frame = binary.BigEndian.AppendUint16(frame, unix.ETH_P_IP)
+		frame = binary.BigEndian.AppendUint16(frame, linux.EtherTypeIPv4)
 		frame = append(frame, pk.IP...)
-		if err := unix.Sendto(fd, frame, 0, sa); err != nil {
+		if err := s.Send(frame); err != nil {
 			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)
 }
-
-func htons(v uint16) uint16 { return v<<8 | v>>8 }

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/edgehop/edgehop/internal/criuimg"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -232,8 +233,8 @@ func FuzzApplyFinal(f *testing.F) {
 // FuzzPagemap decodes arbitrary pagemap images: runs it returns are
 // aligned, non-empty and inside the address space.
 func FuzzPagemap(f *testing.F) {
-	img := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
-	img = binary.LittleEndian.AppendUint32(img, pagemapMagic)
+	img := binary.LittleEndian.AppendUint32(nil, criuimg.ImgCommonMagic)
+	img = binary.LittleEndian.AppendUint32(img, criuimg.PagemapMagic)
 	entry := func(fields ...uint64) {
 		var m []byte
 		for i := 0; i+1 < len(fields); i += 2 {
@@ -314,23 +315,22 @@ func FuzzSplitPagemap(f *testing.F) {
 // pagesOfMap decodes a pagemap image into the flags of each page it
 // describes (nil if it does not decode or describes too many pages).
 func pagesOfMap(t *testing.T, img []byte) map[uint64]uint64 {
-	msgs, err := pagemapMessages("fuzz", img)
-	if err != nil || len(msgs) == 0 {
+	pm, err := criuimg.DecodePagemap(img)
+	if err != nil {
 		return nil
 	}
 	out := map[uint64]uint64{}
-	for _, m := range msgs[1:] {
-		f, err := varintFields(m)
-		if err != nil {
-			return nil
+	err = pm.Entries(func(_ int, e criuimg.PagemapEntry) error {
+		if e.Pages > 1<<12 || len(out) > 1<<14 {
+			return errors.New("too many pages")
 		}
-		vaddr, nr, flags := entryFields(f)
-		if nr > 1<<12 || len(out) > 1<<14 {
-			return nil
+		for i := range e.Pages {
+			out[e.Vaddr+i*PageSize] = e.Flags
 		}
-		for i := range nr {
-			out[vaddr+i*PageSize] = flags
-		}
+		return nil
+	})
+	if err != nil {
+		return nil
 	}
 	return out
 }

@@ -10,20 +10,14 @@ import (
 	"strconv"
 	"time"
 
-	"google.golang.org/protobuf/encoding/protowire"
-)
-
-// CRIU image magics (criu/include/magic.h).
-const (
-	imgCommonMagic = 0x54564319
-	pagemapMagic   = 0x56084025
+	"github.com/edgehop/edgehop/internal/criuimg"
 )
 
 // Pagemap entry flags (criu/include/pagemap.h).
 const (
-	peParent  = 1 << 0
-	peLazy    = 1 << 1
-	pePresent = 1 << 2
+	peParent  = criuimg.PageInParent
+	peLazy    = criuimg.PageLazy
+	pePresent = criuimg.PagePresent
 )
 
 var (
@@ -66,89 +60,47 @@ type pagemap struct {
 	runs    []pageRun // the pages stored in the pages image, in order
 }
 
-// readPagemap decodes a CRIU pagemap image: the common magic, the pagemap
-// magic, then 32-bit-size-prefixed protobufs: a pagemap_head (pages_id =
-// 1) and one pagemap_entry per run. Entries are decoded field by field
-// because CRIU 4 moved the page count to field 5 (nr_pages, uint64),
-// keeping field 2 (compat_nr_pages) for old images, and go-criu v7.2.0's
-// generated type knows only field 2. Only entries whose pages are in the
-// pages image (PE_PRESENT) are kept; pid is the owner of the addresses.
+// readPagemap decodes a CRIU pagemap image (criuimg.DecodePagemap).
+// Only entries whose pages are in the pages image (PE_PRESENT) are kept;
+// pid is the owner of the addresses.
 func readPagemap(path string, pid uint32) (pagemap, error) {
-	return readPagemapWhere(path, pid, func(flags uint64, hasFlags, inParent bool) bool {
-		return flags&pePresent != 0 || (!hasFlags && !inParent)
-	})
+	return readPagemapWhere(path, pid, func(e criuimg.PagemapEntry) bool { return e.Flags&pePresent != 0 })
 }
 
 // readPagemapWhere is readPagemap keeping the entries keep accepts.
-func readPagemapWhere(path string, pid uint32, keep func(flags uint64, hasFlags, inParent bool) bool) (pagemap, error) {
+func readPagemapWhere(path string, pid uint32, keep func(e criuimg.PagemapEntry) bool) (pagemap, error) {
 	var pm pagemap
 	buf, err := os.ReadFile(path)
 	if err != nil {
 		return pm, err
 	}
-	msgs, err := pagemapMessages(path, buf)
+	img, err := criuimg.DecodePagemap(buf)
 	if err != nil {
-		return pm, err
+		return pm, fmt.Errorf("%s: %w", path, err)
 	}
-	for i, m := range msgs {
-		fields, err := varintFields(m)
-		if err != nil {
-			return pm, fmt.Errorf("%s: entry %d: %w", path, i, err)
-		}
-		if i == 0 {
-			pm.pagesID = fields[1]
-			continue
-		}
-		addr, nr := fields[1], fields[5]
-		if _, ok := fields[5]; !ok {
-			nr = fields[2]
-		}
-		flags, inParent := fields[4], fields[3] != 0
-		_, hasFlags := fields[4]
-		if !keep(flags, hasFlags, inParent) || nr == 0 {
-			continue
+	pm.pagesID = img.PagesID
+	err = img.Entries(func(i int, e criuimg.PagemapEntry) error {
+		addr, nr := e.Vaddr, e.Pages
+		if !keep(e) || nr == 0 {
+			return nil
 		}
 		if addr%PageSize != 0 {
-			return pm, fmt.Errorf("%s: entry %d: unaligned address %#x", path, i, addr)
+			return fmt.Errorf("entry %d: unaligned address %#x", i, addr)
 		}
 		if addr >= maxAddr || nr > (maxAddr-addr)/PageSize {
-			return pm, fmt.Errorf("%s: entry %d: %d pages at %#x run past the address space", path, i, nr, addr)
+			return fmt.Errorf("entry %d: %d pages at %#x run past the address space", i, nr, addr)
 		}
 		if k := len(pm.runs); k > 0 && pm.runs[k-1].addr+pm.runs[k-1].count*PageSize == addr {
 			pm.runs[k-1].count += nr
 		} else {
 			pm.runs = append(pm.runs, pageRun{pid: pid, addr: addr, count: nr})
 		}
+		return nil
+	})
+	if err != nil {
+		return pagemap{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return pm, nil
-}
-
-// varintFields decodes a protobuf message whose fields of interest are
-// all varints, by field number; other fields are skipped.
-func varintFields(b []byte) (map[protowire.Number]uint64, error) {
-	out := map[protowire.Number]uint64{}
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return nil, protowire.ParseError(n)
-		}
-		b = b[n:]
-		if typ != protowire.VarintType {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return nil, protowire.ParseError(n)
-			}
-			b = b[n:]
-			continue
-		}
-		v, n := protowire.ConsumeVarint(b)
-		if n < 0 {
-			return nil, protowire.ParseError(n)
-		}
-		b = b[n:]
-		out[num] = v
-	}
-	return out, nil
 }
 
 // readImages finds the pages images of a dump in dir and, from the
@@ -290,8 +242,8 @@ func LazyRuns(dir string) ([]LazyRun, error) {
 		if err != nil || n == 0 {
 			return nil, fmt.Errorf("%s: bad pid", e.Name())
 		}
-		pm, err := readPagemapWhere(filepath.Join(dir, e.Name()), uint32(n), func(flags uint64, hasFlags, _ bool) bool {
-			return hasFlags && flags&peLazy != 0 && flags&pePresent == 0
+		pm, err := readPagemapWhere(filepath.Join(dir, e.Name()), uint32(n), func(e criuimg.PagemapEntry) bool {
+			return e.HasFlags && e.Flags&peLazy != 0 && e.Flags&pePresent == 0
 		})
 		if err != nil {
 			return nil, err

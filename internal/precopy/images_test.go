@@ -3,12 +3,14 @@ package precopy
 import (
 	"cmp"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
 	"testing"
 
+	"github.com/edgehop/edgehop/internal/criuimg"
 	"google.golang.org/protobuf/encoding/protowire"
 )
 
@@ -22,8 +24,8 @@ type pmEntry struct {
 // writePagemap writes a CRIU pagemap image.
 func writePagemap(t testing.TB, path string, pagesID uint64, entries []pmEntry) {
 	t.Helper()
-	b := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
-	b = binary.LittleEndian.AppendUint32(b, pagemapMagic)
+	b := binary.LittleEndian.AppendUint32(nil, criuimg.ImgCommonMagic)
+	b = binary.LittleEndian.AppendUint32(b, criuimg.PagemapMagic)
 	msg := func(m []byte) {
 		b = binary.LittleEndian.AppendUint32(b, uint32(len(m)))
 		b = append(b, m...)
@@ -221,23 +223,19 @@ func walkPagemap(t testing.TB, dir, name string, fn func(vaddr, nr, flags uint64
 	if err != nil {
 		t.Fatal(err)
 	}
-	msgs, err := pagemapMessages(name, buf)
-	if err != nil || len(msgs) == 0 {
+	pm, err := criuimg.DecodePagemap(buf)
+	if err != nil {
 		t.Fatalf("%s: %v", name, err)
 	}
-	head, _ := varintFields(msgs[0])
-	pages, err := os.Open(filepath.Join(dir, fmt.Sprintf("pages-%d.img", head[1])))
+	pages, err := os.Open(filepath.Join(dir, fmt.Sprintf("pages-%d.img", pm.PagesID)))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pages.Close()
 	var off uint64
-	for _, m := range msgs[1:] {
-		f, err := varintFields(m)
-		if err != nil {
-			t.Fatal(err)
-		}
-		vaddr, nr, flags := entryFields(f)
+	errStop := errors.New("stop")
+	err = pm.Entries(func(_ int, e criuimg.PagemapEntry) error {
+		vaddr, nr, flags := e.Vaddr, e.Pages, e.Flags
 		base := off
 		read := func(i uint64) []byte {
 			p := make([]byte, PageSize)
@@ -247,10 +245,35 @@ func walkPagemap(t testing.TB, dir, name string, fn func(vaddr, nr, flags uint64
 			return p
 		}
 		if !fn(vaddr, nr, flags, read) {
-			return
+			return errStop
 		}
 		if flags&pePresent != 0 {
 			off += nr * PageSize
+		}
+		return nil
+	})
+	if err != nil && err != errStop {
+		t.Fatal(err)
+	}
+}
+
+// BenchmarkReadPagemap decodes a fragmented process's pagemap (4096
+// entries, every other one present), as the frozen window's sweep does.
+func BenchmarkReadPagemap(b *testing.B) {
+	path := filepath.Join(b.TempDir(), "pagemap-1.img")
+	var es []pmEntry
+	for i := range uint64(4096) {
+		flags := uint64(peLazy | pePresent)
+		if i%2 == 1 {
+			flags = peLazy | peParent
+		}
+		es = append(es, pmEntry{addr: 0x7f0000000000 + i*8*PageSize, pages: 4, flags: flags})
+	}
+	writePagemap(b, path, 1, es)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := readPagemap(path, 1); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

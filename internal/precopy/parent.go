@@ -1,13 +1,12 @@
 package precopy
 
 import (
-	"encoding/binary"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
 
-	"google.golang.org/protobuf/encoding/protowire"
+	"github.com/edgehop/edgehop/internal/criuimg"
 )
 
 // ParentDir is the name, in a rebuilt image directory, of the parent
@@ -95,39 +94,28 @@ func splitPagemap(path string, pid uint32, kept map[uint64][]keptRun) (uint64, b
 	if err != nil {
 		return 0, false, err
 	}
-	msgs, err := pagemapMessages(path, buf)
+	img, err := criuimg.DecodePagemap(buf)
 	if err != nil {
-		return 0, false, err
+		return 0, false, fmt.Errorf("%s: %w", path, err)
 	}
-	if len(msgs) == 0 {
-		return 0, false, fmt.Errorf("%s: no pagemap head", path)
-	}
-	head, err := varintFields(msgs[0])
-	if err != nil {
-		return 0, false, fmt.Errorf("%s: head: %w", path, err)
-	}
-	id := head[1]
+	id := img.PagesID
 	runs, ok := kept[id]
 	if !ok {
 		return id, false, nil
 	}
-	out := append([]byte(nil), buf[:8]...)
-	out = appendMessage(out, msgs[0])
+	out := append([]byte(nil), img.Magic...)
+	out = appendMessage(out, img.Head)
 	var pos uint64 // position in the pages image of the entry's first page
 	k := 0         // the next kept run
-	for i, m := range msgs[1:] {
-		f, err := varintFields(m)
-		if err != nil {
-			return id, false, fmt.Errorf("%s: entry %d: %w", path, i, err)
-		}
-		vaddr, nr, flags := entryFields(f)
+	err = img.Entries(func(i int, e criuimg.PagemapEntry) error {
+		vaddr, nr, flags := e.Vaddr, e.Pages, e.Flags
 		if flags&pePresent == 0 {
-			out = appendMessage(out, m)
-			continue
+			out = appendMessage(out, e.Msg)
+			return nil
 		}
 		end := pos + nr
 		if vaddr%PageSize != 0 || vaddr >= maxAddr || nr > (maxAddr-vaddr)/PageSize {
-			return id, false, fmt.Errorf("%s: entry %d: %d pages at %#x", path, i, nr, vaddr)
+			return fmt.Errorf("entry %d: %d pages at %#x", i, nr, vaddr)
 		}
 		for p := pos; p < end; {
 			at := vaddr + (p-pos)*PageSize
@@ -135,8 +123,8 @@ func splitPagemap(path string, pid uint32, kept map[uint64][]keptRun) (uint64, b
 				r := runs[k]
 				n := min(end, r.pos+r.count) - p
 				if r.pid != pid || r.addr+(p-r.pos)*PageSize != at {
-					return id, false, fmt.Errorf("%s: page %d kept at pid %d %#x, its pagemap has it at pid %d %#x",
-						path, p, r.pid, r.addr+(p-r.pos)*PageSize, pid, at)
+					return fmt.Errorf("page %d kept at pid %d %#x, its pagemap has it at pid %d %#x",
+						p, r.pid, r.addr+(p-r.pos)*PageSize, pid, at)
 				}
 				out = appendEntry(out, at, n, flags&^pePresent|peParent)
 				if p += n; p == r.pos+r.count {
@@ -152,6 +140,10 @@ func splitPagemap(path string, pid uint32, kept map[uint64][]keptRun) (uint64, b
 			p = next
 		}
 		pos = end
+		return nil
+	})
+	if err != nil {
+		return id, false, fmt.Errorf("%s: %w", path, err)
 	}
 	if k < len(runs) {
 		return id, false, fmt.Errorf("%s: kept pages from position %d past its %d pages", path, runs[k].pos, pos)
@@ -174,68 +166,13 @@ func splitPagemap(path string, pid uint32, kept map[uint64][]keptRun) (uint64, b
 	return id, true, nil
 }
 
-// entryFields reads a pagemap entry's address, page count and flags; an
-// older CRIU's entry (no flags) as CRIU's init_compat_pagemap_entry
-// does.
-func entryFields(f map[protowire.Number]uint64) (vaddr, nr, flags uint64) {
-	nr, ok := f[5]
-	if !ok {
-		nr = f[2]
-	}
-	flags, ok = f[4]
-	if !ok {
-		flags = pePresent
-		if f[3] != 0 {
-			flags = peParent
-		}
-	}
-	return f[1], nr, flags
-}
-
-// pagemapMessages splits a pagemap image into its protobuf messages (the
-// head, then the entries) after checking its magics.
-func pagemapMessages(path string, buf []byte) ([][]byte, error) {
-	if len(buf) < 8 || binary.LittleEndian.Uint32(buf) != imgCommonMagic ||
-		binary.LittleEndian.Uint32(buf[4:]) != pagemapMagic {
-		return nil, fmt.Errorf("%s is not a criu pagemap image", path)
-	}
-	var msgs [][]byte
-	for b := buf[8:]; len(b) > 0; {
-		if len(b) < 4 {
-			return nil, fmt.Errorf("%s: truncated entry size", path)
-		}
-		size := binary.LittleEndian.Uint32(b)
-		b = b[4:]
-		if uint64(size) > uint64(len(b)) {
-			return nil, fmt.Errorf("%s: entry of %d bytes overruns the image", path, size)
-		}
-		msgs = append(msgs, b[:size])
-		b = b[size:]
-	}
-	return msgs, nil
-}
-
 // pagemapHeader starts a pagemap image whose pages image is pages-<id>.
-func pagemapHeader(id uint64) []byte {
-	b := binary.LittleEndian.AppendUint32(nil, imgCommonMagic)
-	b = binary.LittleEndian.AppendUint32(b, pagemapMagic)
-	return appendMessage(b, protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), id))
-}
+func pagemapHeader(id uint64) []byte { return criuimg.AppendPagemapHead(nil, id) }
 
-// appendEntry appends a pagemap entry as CRIU 4 writes one: vaddr, a
-// zero compat_nr_pages, flags and nr_pages.
+// appendEntry appends a pagemap entry as CRIU 4 writes one.
 func appendEntry(b []byte, vaddr, nr, flags uint64) []byte {
-	var m []byte
-	for _, f := range []struct {
-		n protowire.Number
-		v uint64
-	}{{1, vaddr}, {2, 0}, {4, flags}, {5, nr}} {
-		m = protowire.AppendVarint(protowire.AppendTag(m, f.n, protowire.VarintType), f.v)
-	}
-	return appendMessage(b, m)
+	return criuimg.AppendPagemapEntry(b, vaddr, nr, flags)
 }
 
 // appendMessage appends a 32-bit-size-prefixed message.
-func appendMessage(b, m []byte) []byte {
-	return append(binary.LittleEndian.AppendUint32(b, uint32(len(m))), m...)
-}
+func appendMessage(b, m []byte) []byte { return criuimg.AppendPagemapMessage(b, m) }

@@ -11,8 +11,6 @@ import (
 	"time"
 	"unsafe"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/edgehop/edgehop/internal/linux"
 )
 
@@ -142,9 +140,9 @@ func TestExited(t *testing.T) {
 		err  error
 		want bool
 	}{
-		{fmt.Errorf("read: %w", unix.ESRCH), true},
+		{fmt.Errorf("read: %w", syscall.ESRCH), true},
 		{fmt.Errorf("open: %w", fs.ErrNotExist), true},
-		{fmt.Errorf("read: %w", unix.EACCES), false},
+		{fmt.Errorf("read: %w", syscall.EACCES), false},
 	} {
 		if got := exited(tc.err); got != tc.want {
 			t.Errorf("exited(%v) = %v, want %v", tc.err, got, tc.want)

@@ -3,13 +3,12 @@ package runc
 import (
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/linux"
 )
@@ -72,10 +71,6 @@ func MountCgroupSkeleton(target string) (bool, error) {
 	if err := os.MkdirAll(target, 0o755); err != nil {
 		return false, err
 	}
-	const flags = unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC
-	if err := unix.Mount("tmpfs", target, "tmpfs", flags, "size=64k,mode=755"); err != nil {
-		return false, fmt.Errorf("mount tmpfs at %s: %w", target, err)
-	}
 	fill := func() error {
 		for _, d := range dirs {
 			if err := os.Mkdir(filepath.Join(target, d), 0o755); err != nil {
@@ -87,10 +82,9 @@ func MountCgroupSkeleton(target string) (bool, error) {
 				return err
 			}
 		}
-		return unix.Mount("", target, "", unix.MS_REMOUNT|unix.MS_RDONLY|flags, "")
+		return nil
 	}
-	if err := fill(); err != nil {
-		_ = unix.Unmount(target, unix.MNT_DETACH)
+	if err := linux.MountTmpfsReadOnly(target, "size=64k,mode=755", fill); err != nil {
 		return false, fmt.Errorf("cgroup skeleton at %s: %w", target, err)
 	}
 	return true, nil
@@ -136,8 +130,8 @@ func MakeDevDir(dir string) error {
 	}
 	for _, n := range defaultDevices {
 		p := filepath.Join(dir, n.name)
-		if err := unix.Mknod(p, unix.S_IFCHR|0o666, int(unix.Mkdev(n.major, n.minor))); err != nil && !errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("mknod %s: %w", p, err)
+		if err := linux.Mknod(p, fs.ModeDevice|fs.ModeCharDevice, 0o666, n.major, n.minor); err != nil && !errors.Is(err, fs.ErrExist) {
+			return err
 		}
 		if err := os.Chmod(p, 0o666); err != nil { // past the umask
 			return err
@@ -160,11 +154,11 @@ func MakeDevDir(dir string) error {
 // DevicesAllowed reports whether device nodes work on the file system
 // holding path (it is not mounted nodev).
 func DevicesAllowed(path string) (bool, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs(path, &st); err != nil {
+	st, err := linux.StatFileSystem(path)
+	if err != nil {
 		return false, err
 	}
-	return st.Flags&unix.ST_NODEV == 0, nil
+	return !st.NoDev, nil
 }
 
 // CgroupV1 is a node's cgroup v1 hierarchies that runc manages, for

@@ -11,9 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/runc"
@@ -70,7 +69,7 @@ func TestMountsOutOfImages(t *testing.T) {
 	if ok, err := runc.MountCgroupSkeleton(skel); err != nil || !ok {
 		t.Fatalf("mount skeleton: %v %v", ok, err)
 	}
-	t.Cleanup(func() { _ = unix.Unmount(skel, unix.MNT_DETACH) })
+	t.Cleanup(func() { _ = linux.Unmount(skel) })
 	if err := os.Mkdir(filepath.Join(skel, "x"), 0o755); err == nil {
 		t.Error("the skeleton is writable")
 	}
@@ -78,7 +77,7 @@ func TestMountsOutOfImages(t *testing.T) {
 	if err := linux.MountEmptyReadOnly(mask); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = unix.Unmount(mask, unix.MNT_DETACH) })
+	t.Cleanup(func() { _ = linux.Unmount(mask) })
 	conf := filepath.Join(t.TempDir(), "criu.conf")
 	if err := runc.WriteCRIUConfig(conf, runc.SkipNetworkLock+runc.ExternalMasks(mask)+runc.ExternalCgroupFS(skel)); err != nil {
 		t.Fatal(err)
@@ -153,19 +152,18 @@ func TestMountsOutOfImages(t *testing.T) {
 	if b, err := os.ReadFile(filepath.Join(fmt.Sprintf("/proc/%d/root", pid), "dev", "shm", "seg")); err != nil || string(b) != "kept" {
 		t.Errorf("restored /dev/shm/seg: %q, %v", b, err)
 	}
-	var null unix.Stat_t
-	if err := unix.Stat(filepath.Join(fmt.Sprintf("/proc/%d/root", pid), "dev", "null"), &null); err != nil ||
-		null.Mode&unix.S_IFMT != unix.S_IFCHR || null.Rdev != unix.Mkdev(1, 3) {
+	var null syscall.Stat_t
+	err = syscall.Stat(filepath.Join(fmt.Sprintf("/proc/%d/root", pid), "dev", "null"), &null)
+	if major, minor := linux.DeviceNumbers(null.Rdev); err != nil || null.Mode&syscall.S_IFMT != syscall.S_IFCHR || major != 1 || minor != 3 {
 		t.Errorf("restored /dev/null: mode %o rdev %x, %v; want the null device", null.Mode, null.Rdev, err)
 	}
-	var st unix.Statfs_t
 	for _, d := range dirs {
-		if err := unix.Statfs(filepath.Join(cg, d), &st); err != nil || st.Type != unix.CGROUP_SUPER_MAGIC {
+		if st, err := linux.StatFileSystem(filepath.Join(cg, d)); err != nil || st.Type != linux.CgroupMagic {
 			t.Errorf("restored /sys/fs/cgroup/%s: statfs type %#x, %v; want a cgroup mount", d, st.Type, err)
 		}
 	}
-	if err := unix.Statfs(cg, &st); err != nil || st.Flags&unix.ST_RDONLY == 0 {
-		t.Errorf("restored /sys/fs/cgroup: flags %#x %v, want read-only", st.Flags, err)
+	if st, err := linux.StatFileSystem(cg); err != nil || !st.ReadOnly {
+		t.Errorf("restored /sys/fs/cgroup: %+v %v, want read-only", st, err)
 	}
 	if err := r.Delete(ctx, id, true); err != nil {
 		t.Fatal(err)
@@ -183,19 +181,20 @@ func devEntries(t *testing.T, dir string) map[string]string {
 	out := map[string]string{}
 	for _, e := range es {
 		p := filepath.Join(dir, e.Name())
-		var st unix.Stat_t
-		if err := unix.Lstat(p, &st); err != nil {
+		var st syscall.Stat_t
+		if err := syscall.Lstat(p, &st); err != nil {
 			t.Fatal(err)
 		}
 		d := fmt.Sprintf("mode %o uid %d gid %d", st.Mode, st.Uid, st.Gid)
-		switch st.Mode & unix.S_IFMT {
-		case unix.S_IFDIR:
+		switch st.Mode & syscall.S_IFMT {
+		case syscall.S_IFDIR:
 			d = "dir" // a mount point in a container: what shows is the mount's root
-		case unix.S_IFLNK:
+		case syscall.S_IFLNK:
 			to, _ := os.Readlink(p)
 			d = "-> " + to
-		case unix.S_IFCHR, unix.S_IFBLK:
-			d += fmt.Sprintf(" dev %d:%d", unix.Major(st.Rdev), unix.Minor(st.Rdev))
+		case syscall.S_IFCHR, syscall.S_IFBLK:
+			major, minor := linux.DeviceNumbers(st.Rdev)
+			d += fmt.Sprintf(" dev %d:%d", major, minor)
 		}
 		out[e.Name()] = d
 	}
@@ -218,7 +217,7 @@ func TestRestoredSeesItsCgroups(t *testing.T) {
 	} else if !ok {
 		t.Skip("skipped: no cgroup v1 hierarchies (runc mounts cgroup2, no tmpfs)")
 	}
-	t.Cleanup(func() { _ = unix.Unmount(skel, unix.MNT_DETACH) })
+	t.Cleanup(func() { _ = linux.Unmount(skel) })
 	v1, err := runc.LoadCgroupV1()
 	if err != nil {
 		t.Fatal(err)

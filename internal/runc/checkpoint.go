@@ -16,7 +16,6 @@ import (
 	"github.com/checkpoint-restore/go-criu/v7/stats"
 	"github.com/edgehop/edgehop/internal/criuimg"
 	"github.com/edgehop/edgehop/internal/linux"
-	"golang.org/x/sys/unix"
 )
 
 // CRIU log files runc asks CRIU to write into the work directory.
@@ -377,12 +376,11 @@ const gatedNice = 10
 // cgroup, whatever its nice value: the cgroup's share is lowered as much
 // until g opens.
 func deferToGate(inv *invocation, g *Gate, cgroups []CgroupDir) {
-	prio, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	base, err := linux.Nice()
 	if err != nil {
 		return
 	}
 	restoreShares := lowerShares(cgroups)
-	base := 20 - prio // the kernel returns 20 - nice
 	var mu sync.Mutex
 	pgid, opened := 0, false
 	inv.started = func(pid int) {
@@ -390,7 +388,7 @@ func deferToGate(inv *invocation, g *Gate, cgroups []CgroupDir) {
 		defer mu.Unlock()
 		if !opened {
 			pgid = pid
-			_ = unix.Setpriority(unix.PRIO_PGRP, pid, min(base+gatedNice, 19))
+			_ = linux.SetGroupNice(pid, min(base+gatedNice, 19))
 		}
 	}
 	g.setOpening(func() {
@@ -399,7 +397,7 @@ func deferToGate(inv *invocation, g *Gate, cgroups []CgroupDir) {
 		opened = true
 		restoreShares()
 		if pgid != 0 {
-			_ = unix.Setpriority(unix.PRIO_PGRP, pgid, base)
+			_ = linux.SetGroupNice(pgid, base)
 		}
 	})
 }

@@ -12,8 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/edgehop/edgehop/internal/linux"
 )
 
@@ -92,11 +90,11 @@ const kerndatCache = "/run/criu.kdat"
 // wrote. A cache older than the boot or than the criu binary is
 // replaced. It reports whether it wrote one.
 func (r *Runtime) WarmKerndat(ctx context.Context) (bool, error) {
-	var st unix.Statfs_t
-	if err := unix.Statfs("/run", &st); err != nil {
+	run, err := linux.StatFileSystem("/run")
+	if err != nil {
 		return false, fmt.Errorf("statfs /run: %w", err)
 	}
-	if st.Type == unix.TMPFS_MAGIC {
+	if run.Type == linux.TmpfsMagic {
 		return false, nil // CRIU keeps its cache itself
 	}
 	criu, err := r.criuPath()

@@ -10,8 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/runc"
 )
 
@@ -20,11 +19,11 @@ import (
 func TestWarmKerndat(t *testing.T) {
 	r := newRuntime(t)
 	requireCRIU(t, r)
-	var st unix.Statfs_t
-	if err := unix.Statfs("/run", &st); err != nil {
+	run, err := linux.StatFileSystem("/run")
+	if err != nil {
 		t.Fatal(err)
 	}
-	if st.Type == unix.TMPFS_MAGIC {
+	if run.Type == linux.TmpfsMagic {
 		t.Skip("/run is a tmpfs here: CRIU keeps its kerndat cache itself")
 	}
 	const cache = "/run/criu.kdat"

@@ -16,8 +16,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/edgehop/edgehop/internal/linux"
 )
 
@@ -573,7 +571,7 @@ func startIn(cmd *exec.Cmd, dirs []CgroupDir) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
-		tid := []byte(strconv.Itoa(unix.Gettid()))
+		tid := []byte(strconv.Itoa(linux.Gettid()))
 		self, err := os.ReadFile("/proc/thread-self/cgroup")
 		if err != nil {
 			errc <- err

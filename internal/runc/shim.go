@@ -18,7 +18,6 @@ import (
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/edgehop/edgehop/internal/linux"
@@ -196,11 +195,10 @@ func (r *Runtime) WarmShim(ctx context.Context) {
 // recordVersionReply asks criu for its version as runc does (a VERSION
 // request to `criu swrk`) and stores the raw reply at path.
 func recordVersionReply(ctx context.Context, criu, path string) error {
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	client, server, err := linux.SeqpacketPair("criu-client", "criu-server")
 	if err != nil {
 		return fmt.Errorf("socketpair: %w", err)
 	}
-	client, server := os.NewFile(uintptr(fds[0]), "criu-client"), os.NewFile(uintptr(fds[1]), "criu-server")
 	defer client.Close()
 	cmd := exec.CommandContext(ctx, criu, "swrk", "3")
 	cmd.ExtraFiles = []*os.File{server}
@@ -357,13 +355,9 @@ func (g *Gate) admit(c *net.UnixConn, stop <-chan struct{}) error {
 	if err != nil {
 		return err
 	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+	cred, err := linux.PeerCredentials(raw)
+	if err != nil {
 		return err
-	}
-	if cerr != nil {
-		return cerr
 	}
 	if cred.Uid != 0 {
 		return fmt.Errorf("peer pid %d uid %d is not root", cred.Pid, cred.Uid)

@@ -11,9 +11,9 @@ import (
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/rpc"
-	"golang.org/x/sys/unix"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/testutil"
 )
 
@@ -42,11 +42,10 @@ func BuildShimForTest(t *testing.T) string {
 // one) and how the shim exited.
 func swrk(t *testing.T, shim string, env []string, req []byte) ([]byte, error) {
 	t.Helper()
-	fds, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	client, server, err := linux.SeqpacketPair("client", "server")
 	if err != nil {
 		t.Fatal(err)
 	}
-	client, server := os.NewFile(uintptr(fds[0]), "client"), os.NewFile(uintptr(fds[1]), "server")
 	defer client.Close()
 	cmd := exec.Command(shim, "swrk", "3")
 	cmd.Env = env

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/checkpoint-restore/go-criu/v7/stats"
-	"google.golang.org/protobuf/encoding/protowire"
+	"github.com/edgehop/edgehop/internal/criuimg"
 	"google.golang.org/protobuf/proto"
 )
 
@@ -124,13 +124,6 @@ func readStats(path string) (*stats.StatsEntry, error) {
 	return e, nil
 }
 
-// Pagemap entry flags (criu/include/pagemap.h).
-const (
-	pageInParent = 1 << 0 // PE_PARENT: the pages are in a parent image
-	pageLazy     = 1 << 1 // PE_LAZY: may be restored lazily (set in every dump)
-	pagePresent  = 1 << 2 // PE_PRESENT: the pages are in this dump's pages image
-)
-
 // MemoryStats summarizes a checkpoint's memory from its pagemap images. It
 // is exact where CRIU's own stats-dump is not: for a lazy dump CRIU 4.2.1
 // writes stats-dump with zero page counters and a meaningless frozen time.
@@ -180,104 +173,30 @@ func ReadMemoryStats(imageDir string) (MemoryStats, error) {
 	return ms, nil
 }
 
-// CRIU image magics (criu/include/magic.h).
-const (
-	imgCommonMagic = 0x54564319 // precedes the magic of most images
-	pagemapMagic   = 0x56084025
-)
-
-// addPagemap adds one pagemap image to ms. The image is the common magic,
-// the pagemap magic, then 32-bit-size-prefixed protobufs: a PagemapHead
-// and one PagemapEntry per run of pages. Entries are decoded field by
-// field because CRIU 4 moved the page count to field 5 (nr_pages,
-// uint64), keeping field 2 (compat_nr_pages) for old images, and
-// go-criu's generated type knows only field 2.
+// addPagemap adds one pagemap image (criuimg.DecodePagemap) to ms.
 func addPagemap(ms *MemoryStats, path string) error {
 	buf, err := os.ReadFile(path)
 	if err != nil {
 		return fmt.Errorf("read memory stats: %w", err)
 	}
-	if len(buf) < 8 || binary.LittleEndian.Uint32(buf) != imgCommonMagic ||
-		binary.LittleEndian.Uint32(buf[4:]) != pagemapMagic {
-		return fmt.Errorf("read memory stats: %s is not a criu pagemap image", path)
+	pm, err := criuimg.DecodePagemap(buf)
+	if err == nil {
+		err = pm.Entries(func(_ int, e criuimg.PagemapEntry) error {
+			ms.Pages += e.Pages
+			switch {
+			case e.Flags&criuimg.PagePresent != 0:
+				ms.PresentPages += e.Pages
+			case e.Flags&criuimg.PageLazy != 0:
+				ms.LazyPages += e.Pages
+			}
+			if e.InParent || e.Flags&criuimg.PageInParent != 0 {
+				ms.ParentPages += e.Pages
+			}
+			return nil
+		})
 	}
-	buf = buf[8:]
-	for i := 0; len(buf) > 0; i++ {
-		if len(buf) < 4 {
-			return fmt.Errorf("read memory stats: %s: truncated entry size", path)
-		}
-		size := binary.LittleEndian.Uint32(buf)
-		buf = buf[4:]
-		if uint64(size) > uint64(len(buf)) {
-			return fmt.Errorf("read memory stats: %s: entry of %d bytes overruns the image", path, size)
-		}
-		payload := buf[:size]
-		buf = buf[size:]
-		if i == 0 {
-			continue // the head: which pages image holds the data
-		}
-		pe, err := decodePagemapEntry(payload)
-		if err != nil {
-			return fmt.Errorf("read memory stats: %s: entry %d: %w", path, i, err)
-		}
-		ms.Pages += pe.pages
-		switch {
-		case pe.flags&pagePresent != 0:
-			ms.PresentPages += pe.pages
-		case pe.flags&pageLazy != 0:
-			ms.LazyPages += pe.pages
-		}
-		if pe.inParent || pe.flags&pageInParent != 0 {
-			ms.ParentPages += pe.pages
-		}
+	if err != nil {
+		return fmt.Errorf("read memory stats: %s: %w", path, err)
 	}
 	return nil
-}
-
-type pagemapEntry struct {
-	pages    uint64
-	flags    uint64
-	inParent bool
-}
-
-// decodePagemapEntry decodes criu's pagemap_entry (images/pagemap.proto):
-// vaddr = 1, compat_nr_pages = 2, in_parent = 3, flags = 4, nr_pages = 5.
-func decodePagemapEntry(b []byte) (pagemapEntry, error) {
-	var pe pagemapEntry
-	var compat uint64
-	haveNr := false
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return pe, protowire.ParseError(n)
-		}
-		b = b[n:]
-		if typ != protowire.VarintType {
-			n = protowire.ConsumeFieldValue(num, typ, b)
-			if n < 0 {
-				return pe, protowire.ParseError(n)
-			}
-			b = b[n:]
-			continue
-		}
-		v, n := protowire.ConsumeVarint(b)
-		if n < 0 {
-			return pe, protowire.ParseError(n)
-		}
-		b = b[n:]
-		switch num {
-		case 2:
-			compat = v
-		case 3:
-			pe.inParent = v != 0
-		case 4:
-			pe.flags = v
-		case 5:
-			pe.pages, haveNr = v, true
-		}
-	}
-	if !haveNr {
-		pe.pages = compat
-	}
-	return pe, nil
 }

@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
 	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/pki"
 )
@@ -407,12 +405,12 @@ func openWindow(want int, note *string) func(network, address string, c syscall.
 	return func(network, address string, c syscall.RawConn) error {
 		return c.Control(func(fd uintptr) {
 			// SO_RCVBUFFORCE passes net.core.rmem_max (CAP_NET_ADMIN).
-			if unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, want) == nil {
+			if linux.SetReadBufferForceFD(fd, want) == nil {
 				return
 			}
 			coreMax, err := sysctlField("net.core.rmem_max", 0)
 			if err == nil && coreMax >= want {
-				err = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF, want)
+				err = linux.SetReadBufferFD(fd, want)
 			} else if err == nil {
 				err = fmt.Errorf("net.core.rmem_max=%d", coreMax)
 			}

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgehop/edgehop/internal/linux"
 	"github.com/edgehop/edgehop/internal/pki"
-	"golang.org/x/sys/unix"
 )
 
 // nodes issues certificates for the named nodes from a fresh CA (or from
@@ -304,15 +304,10 @@ func TestWindowOpenFromHandshake(t *testing.T) {
 	}
 }
 
-func tcpInfo(c *Conn) (*unix.TCPInfo, error) {
+func tcpInfo(c *Conn) (*linux.TCPInfo, error) {
 	rc, err := c.raw.(*net.TCPConn).SyscallConn()
 	if err != nil {
 		return nil, err
 	}
-	var info *unix.TCPInfo
-	var serr error
-	if err := rc.Control(func(fd uintptr) { info, serr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil {
-		return nil, err
-	}
-	return info, serr
+	return linux.GetTCPInfo(rc)
 }
