@@ -195,7 +195,15 @@ func (a *Agent) recoverSource(ctx context.Context, rec journal.Record) migration
 	if err := netplane.Unhold(a.nsPath(c.meta.netOwner())); err != nil {
 		a.log.Warn("remove hold rules", "container", rec.Container, "err", err)
 	}
-	if frozen {
+	// Committed with a lazy dump: its page server served the destination
+	// through the dead agent (the tunnel's splice, hybrid's proxy), so its
+	// session broke and CRIU resumed the tasks with their sockets in
+	// repair mode, unless every page had crossed and it ended them. Should
+	// the destination hold no copy, the service resumes here: its sockets
+	// must leave repair mode as after any failed lazy dump (the link stays
+	// down until then), or it never answers again.
+	lazyCommitted := rec.Phase == migration.Committed && rec.PageServer != ""
+	if frozen || lazyCommitted {
 		// A dump the dead agent started may still run (its runc outlives
 		// it): a lazy one is made to fail, so CRIU resumes the service;
 		// a full one is let finish. Either way the service is then

@@ -515,3 +515,28 @@ func setAgentConfig(f *faultBed, node, key string, v any) {
 	}
 	f.kill(node)
 }
+
+// TestKillSourceCommittedLazy kills -9 the source's agent once it has
+// committed a post-copy or hybrid migration, while its lazy dump serves
+// the destination's pages through it: the session breaks, so the
+// destination's restore fails and hands the service back, or every page
+// had crossed and the destination keeps it. Either way exactly one copy
+// answers, with every key and its client's connection (the source's
+// resumed sockets taken out of CRIU's repair mode).
+func TestKillSourceCommittedLazy(t *testing.T) {
+	for _, strategy := range []string{"post-copy", "hybrid"} {
+		t.Run(strategy, func(t *testing.T) {
+			f := newFaultBed(t)
+			id := f.start(strategy)
+			f.waitFor("committed", func() bool { return f.phase("node0", id) == migration.Committed })
+			f.kill("node0")
+			out := f.settle(id)
+			want := "node0"
+			if out == migration.Done {
+				want = "node1"
+			}
+			t.Logf("killed node0's agent in its committed phase; the source ended %s", out)
+			f.check(want)
+		})
+	}
+}
