@@ -155,6 +155,44 @@ func TestSoakSmoke(t *testing.T) {
 	}
 }
 
+// TestSoakChaosSmoke runs `edgehop bench soak --chaos --migrations 4`: the
+// source's agent killed, the destination's, a link cut, the destination's
+// again (seed 1's plan), each migration settled with its service running on
+// exactly one node, the one its source's outcome names.
+func TestSoakChaosSmoke(t *testing.T) {
+	testutil.RequireRoot(t)
+	testutil.RequireTool(t, "runc", "criu", "iptables", "nsenter")
+	bin := edgehopBin(t)
+	// The agent runs CRIU through its shim beside its binary: a binary
+	// built here gets the shim of bin/ (make builds it).
+	for _, f := range []string{"edgehop-criu", "edgehop-criu-gate.so"} {
+		if b, err := os.ReadFile(filepath.Join("../../bin", f)); err == nil && os.Getenv("EDGEHOP_BIN") == "" {
+			_ = os.WriteFile(filepath.Join(filepath.Dir(bin), f), b, 0o755)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	dir := t.TempDir()
+	cmd := exec.CommandContext(ctx, bin, "bench", "soak", "--chaos", "--seed", "1", "--migrations", "4", "--json",
+		"--root", filepath.Join(dir, "root"), "--cases", filepath.Join(dir, "cases"))
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var rep SoakReport
+	if jerr := json.Unmarshal(stdout.Bytes(), &rep); jerr != nil || rep.Chaos == nil {
+		t.Fatalf("bench soak --chaos: %v (%v)\nstderr: %s\nstdout: %s", err, jerr, tail(stderr.String(), 2000), stdout.String())
+	}
+	c := rep.Chaos
+	t.Logf("chaos: %d migrations, outcomes %v, kills %v, %d cuts, longest settle %.0f ms, resets %d, lost keys %d",
+		rep.Migrations, c.Outcomes, c.KillsPhase, c.LinkCuts, c.LongestSettle, rep.Resets, rep.LostKeys)
+	if rep.Migrations != 4 || c.Kills != 3 || c.LinkCuts != 1 || len(c.PerMigration) != 4 {
+		t.Errorf("want 4 migrations, 3 kills and 1 cut: %+v", c)
+	}
+	if err != nil || c.Failures() != 0 {
+		t.Errorf("bench soak --chaos failed (%v): %d lost, %d duplicated, %d misplaced; %v", err, c.ServicesLost, c.Duplicated, c.Misplaced, rep.Errors)
+	}
+}
+
 // TestPersistenceSmoke runs `edgehop bench persistence --sizes 8 --json`:
 // a Redis holding 8 MB moved with stop-and-copy and post-copy (its client's
 // connection kept) and with Redis's own save/copy/restart/load, every

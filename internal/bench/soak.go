@@ -33,6 +33,8 @@ type SoakConfig struct {
 	Strategies  []migration.Strategy // cycled; default every strategy
 	Pause       time.Duration        // between migrations
 	Log         *slog.Logger
+	// Chaos, when set, injects a fault into migrations (chaos.go).
+	Chaos *ChaosConfig
 }
 
 // Validate checks the configuration.
@@ -51,6 +53,9 @@ func (c SoakConfig) Validate() error {
 	}
 	if c.Pause < 0 {
 		errs = append(errs, fmt.Errorf("pause %v is negative", c.Pause))
+	}
+	if c.Chaos != nil {
+		errs = append(errs, c.Chaos.Validate())
 	}
 	return errors.Join(errs...)
 }
@@ -71,6 +76,7 @@ type SoakReport struct {
 	Errors     []string           `json:"errors,omitempty"`
 	Seconds    float64            `json:"seconds"`
 	Started    time.Time          `json:"started"`
+	Chaos      *ChaosReport       `json:"chaos,omitempty"` // with SoakConfig.Chaos
 }
 
 // Soak names.
@@ -125,6 +131,10 @@ func Soak(ctx context.Context, cfg SoakConfig) (rep *SoakReport, err error) {
 	dialer := nsDialer{ns: st.Clients[0].NetNSPath}
 	s := &soak{cfg: cfg, log: log, st: st, agents: agents, dialer: dialer,
 		rep: &SoakReport{Started: time.Now().UTC(), Ops: map[string]int64{}, Downtime: map[string]Summary{}}}
+	if cfg.Chaos != nil {
+		s.chaos = newChaos(*cfg.Chaos, s.plannedStrategies())
+		s.rep.Chaos = s.chaos.rep
+	}
 	start := time.Now()
 	err = s.run(ctx)
 	s.rep.Seconds = time.Since(start).Seconds()
@@ -138,11 +148,14 @@ type soak struct {
 	agents map[string]*api.Client
 	dialer nsDialer
 	rep    *SoakReport
+	chaos  *chaos                    // nil: no faults
+	runs   map[string]api.RunRequest // how each service was started
 }
 
 // soakService is one migrated service and where it runs.
 type soakService struct {
 	name, node, ip string
+	missing        bool // chaos: lost, and not started again yet
 }
 
 func (s *soak) run(ctx context.Context) error {
@@ -157,6 +170,7 @@ func (s *soak) run(ctx context.Context) error {
 		"mc":    {Name: "mc", Image: image.Services, Args: []string{"memcached", "-u", "nobody", "-l", "0.0.0.0", "-p", soakMCPort, "-m", "64"}},
 	}
 	ports := map[string]string{"probe": probePort, "redis": soakRedisPort, "mc": soakMCPort}
+	s.runs = runs
 	for _, svc := range services {
 		c, err := s.agents[svc.node].Run(ctx, runs[svc.name])
 		if err != nil {
@@ -193,49 +207,38 @@ func (s *soak) run(ctx context.Context) error {
 	downtimes := map[string][]float64{}
 	for i := 0; i < s.cfg.Migrations; i++ {
 		svc := services[i%len(services)]
-		strategy := s.cfg.Strategies[(i/len(services))%len(s.cfg.Strategies)]
+		strategy := s.strategy(i)
 		to := s.st.Nodes[0].Name
 		for k, n := range s.st.Nodes {
 			if n.Name == svc.node {
 				to = s.st.Nodes[(k+1)%len(s.st.Nodes)].Name
 			}
 		}
-		var res migration.Result
-		merr := s.agents[svc.node].Migrate(ctx, svc.name, api.MigrateRequest{To: to, Strategy: string(strategy),
-			LinkBps: int64(s.st.PathRate(svc.node, to))}, &res)
-		if ctx.Err() != nil {
-			return ctx.Err()
+		migrate := s.migrate
+		if s.chaos != nil {
+			migrate = s.chaosMigrate
 		}
-		s.rep.Migrations++
-		switch {
-		case merr != nil:
-			s.rep.Failed++
-			s.errorf("migration %d of %s %s -> %s: %v", i, svc.name, svc.node, to, merr)
-		case res.OK:
-			s.rep.OK++
-			svc.node = to
-			downtimes[string(strategy)] = append(downtimes[string(strategy)], res.DowntimeMs)
-		case res.RolledBack:
-			s.rep.RolledBack++
-			s.errorf("migration %d of %s %s -> %s rolled back: %s", i, svc.name, svc.node, to, res.Error)
-		default:
-			s.rep.Failed++
-			s.errorf("migration %d of %s %s -> %s failed: %s", i, svc.name, svc.node, to, res.Error)
+		if err := migrate(ctx, i, svc, strategy, to, downtimes); err != nil {
+			return err
 		}
 		// Every client must hear from its service before the next
 		// migration.
 		if svc.name == "probe" {
-			if _, err := pr.recovered(ctx, time.Now(), recoverTimeout); err != nil {
+			_, err := pr.recovered(ctx, time.Now(), recoverTimeout)
+			if err != nil {
 				s.errorf("probe after migration %d: %v", i, err)
 			}
+			s.clientChecked(svc.name, err)
 		} else {
 			c := redis
 			if svc.name == "mc" {
 				c = mc
 			}
-			if err := c.progressed(ctx, recoverTimeout); err != nil {
+			err := c.progressed(ctx, recoverTimeout)
+			if err != nil {
 				s.errorf("%s after migration %d: %v", svc.name, i, err)
 			}
+			s.clientChecked(svc.name, err)
 		}
 		if (i+1)%25 == 0 || i+1 == s.cfg.Migrations {
 			s.log.Info("soak progress", "migrations", i+1, "ok", s.rep.OK, "rolled_back", s.rep.RolledBack, "failed", s.rep.Failed)
@@ -278,6 +281,47 @@ func (s *soak) run(ctx context.Context) error {
 	return nil
 }
 
+// strategy is the strategy of migration i: each strategy in turn moves
+// every service once.
+func (s *soak) strategy(i int) migration.Strategy {
+	return s.cfg.Strategies[(i/3)%len(s.cfg.Strategies)]
+}
+
+func (s *soak) plannedStrategies() []migration.Strategy {
+	out := make([]migration.Strategy, s.cfg.Migrations)
+	for i := range out {
+		out[i] = s.strategy(i)
+	}
+	return out
+}
+
+// migrate moves svc to node to and waits for the outcome.
+func (s *soak) migrate(ctx context.Context, i int, svc *soakService, strategy migration.Strategy, to string, downtimes map[string][]float64) error {
+	var res migration.Result
+	merr := s.agents[svc.node].Migrate(ctx, svc.name, api.MigrateRequest{To: to, Strategy: string(strategy),
+		LinkBps: int64(s.st.PathRate(svc.node, to))}, &res)
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	s.rep.Migrations++
+	switch {
+	case merr != nil:
+		s.rep.Failed++
+		s.errorf("migration %d of %s %s -> %s: %v", i, svc.name, svc.node, to, merr)
+	case res.OK:
+		s.rep.OK++
+		svc.node = to
+		downtimes[string(strategy)] = append(downtimes[string(strategy)], res.DowntimeMs)
+	case res.RolledBack:
+		s.rep.RolledBack++
+		s.errorf("migration %d of %s %s -> %s rolled back: %s", i, svc.name, svc.node, to, res.Error)
+	default:
+		s.rep.Failed++
+		s.errorf("migration %d of %s %s -> %s failed: %s", i, svc.name, svc.node, to, res.Error)
+	}
+	return nil
+}
+
 func (s *soak) errorf(format string, args ...any) {
 	msg := fmt.Sprintf(format, args...)
 	s.log.Warn("soak", "error", msg)
@@ -307,6 +351,7 @@ type counterClient struct {
 	proto  counterProto
 
 	acked     atomic.Int64 // writes acknowledged (the counter's value)
+	writes    atomic.Int64 // replies to writes, whatever the counter said
 	resets    int
 	lost, dup int
 	errs      []string
@@ -379,6 +424,7 @@ func (c *counterClient) run(ctx context.Context) {
 		}
 		uncertain = false
 		c.acked.Store(got)
+		c.writes.Add(1)
 		if sleep(ctx, 2*time.Millisecond) != nil {
 			return
 		}
@@ -387,9 +433,9 @@ func (c *counterClient) run(ctx context.Context) {
 
 // progressed waits until the client acknowledged another write.
 func (c *counterClient) progressed(ctx context.Context, timeout time.Duration) error {
-	from := c.acked.Load()
+	from := c.writes.Load()
 	deadline := time.Now().Add(timeout)
-	for c.acked.Load() <= from+1 {
+	for c.writes.Load() <= from+1 {
 		if time.Now().After(deadline) {
 			return fmt.Errorf("no write acknowledged within %v", timeout)
 		}
