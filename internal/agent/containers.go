@@ -637,6 +637,15 @@ func (a *Agent) destroy(ctx context.Context, name string) error {
 	var errs []error
 	// Whatever state runc has of it (a restore killed midway leaves one
 	// runc state cannot read), force-delete it.
+	// Every process left in its cgroups first: a restore's CRIU that
+	// outlived the agent which started it keeps the restored init from
+	// exiting, and runc then cannot delete the container (the chaos
+	// soak's orphaned copy, which blocked every later migration here).
+	if n, err := linux.KillCgroup(ctx, a.cgroupsPath(name)); err != nil {
+		errs = append(errs, err)
+	} else if n > 0 {
+		a.log.Info("killed the processes left in the container's cgroup", "container", name, "processes", n)
+	}
 	if err := a.rt.Delete(ctx, name, true); err != nil && !errors.Is(err, runc.ErrNotFound) {
 		errs = append(errs, err)
 	}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -207,4 +209,41 @@ func deadTask(tid int) bool {
 	}
 	st := b[i+2]
 	return st == 'Z' || st == 'X'
+}
+
+// KillCgroup sends SIGKILL to every process of the cgroup at path (the
+// v1 freezer hierarchy's, else v2's) but the caller's own, then thaws the
+// cgroup so that frozen ones die too, and returns how many it signalled.
+// A cgroup that does not exist holds nothing to kill. It is what removes
+// a container whose runc cannot: a half-done restore's CRIU, which runs
+// in the container's cgroups and outlives the agent that started it,
+// keeps the restored init from exiting (it waits in
+// zap_pid_ns_processes for tasks CRIU still traces).
+func KillCgroup(ctx context.Context, path string) (int, error) {
+	b, err := os.ReadFile(cgroupFile(path, "cgroup.procs", "cgroup.procs"))
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("kill cgroup %s: %w", path, err)
+	}
+	self, n := os.Getpid(), 0
+	var errs []error
+	for _, f := range strings.Fields(string(b)) {
+		pid, err := strconv.Atoi(f)
+		if err != nil || pid <= 0 || pid == self {
+			continue
+		}
+		if err := Kill(pid); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		n++
+	}
+	if n > 0 {
+		if err := ThawCgroup(ctx, path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			errs = append(errs, err)
+		}
+	}
+	return n, errors.Join(errs...)
 }

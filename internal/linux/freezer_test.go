@@ -173,3 +173,33 @@ func TestDeadTask(t *testing.T) {
 		time.Sleep(time.Millisecond)
 	}
 }
+
+// KillCgroup kills every process of a frozen cgroup (they die once it is
+// thawed), and a missing cgroup holds nothing to kill.
+func TestKillCgroup(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to create cgroups")
+	}
+	cmd := exec.Command("sleep", "600")
+	rel := inTestCgroup(t, "kill", cmd)
+	if err := FreezeCgroup(context.Background(), rel); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	n, err := KillCgroup(context.Background(), rel)
+	if err != nil || n != 1 {
+		t.Fatalf("KillCgroup = %d, %v; want 1 process", n, err)
+	}
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the process exited cleanly, not killed")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the frozen process survived KillCgroup")
+	}
+	if n, err := KillCgroup(context.Background(), "/edgehop-no-such-cgroup"); n != 0 || err != nil {
+		t.Errorf("missing cgroup: %d, %v", n, err)
+	}
+}
