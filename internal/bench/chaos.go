@@ -606,15 +606,7 @@ func settle(ctx context.Context, phases func() (migration.Phase, migration.Phase
 // journalPhase is what the journal in a node's state directory says about
 // migration id ("" before it has a record).
 func journalPhase(stateDir, id string) migration.Phase {
-	b, err := os.ReadFile(filepath.Join(stateDir, "journal", id+".log"))
-	if err != nil {
-		return ""
-	}
-	r, err := journal.DecodeLog(b)
-	if err != nil {
-		return ""
-	}
-	return r.Phase
+	return journal.PhaseIn(filepath.Join(stateDir, "journal"), id)
 }
 
 // jobResult is the source's result of migration id, when its agent still

@@ -219,6 +219,24 @@ func (j *Journal) Get(id string) (Record, error) {
 	return r, err
 }
 
+// PhaseIn is the phase the journal in dir records for migration id, ""
+// when it has no readable record: for observers outside the agent (tests,
+// benchmarks) that watch a migration through its journal.
+func PhaseIn(dir, id string) migration.Phase {
+	if !ValidID(id) {
+		return ""
+	}
+	b, err := os.ReadFile(filepath.Join(dir, id+logSuffix))
+	if err != nil {
+		return ""
+	}
+	r, err := DecodeLog(b)
+	if err != nil {
+		return ""
+	}
+	return r.Phase
+}
+
 // maxLogBytes bounds what DecodeLog reads: a migration writes a dozen
 // lines of a few hundred bytes.
 const maxLogBytes = 1 << 20

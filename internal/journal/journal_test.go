@@ -352,3 +352,33 @@ func TestCommitUnit(t *testing.T) {
 		t.Fatal("the unit's commit outlived its last record")
 	}
 }
+
+// PhaseIn reads a migration's phase as an outside observer does: ""
+// for no record, a malformed id, or a log without a valid line.
+func TestPhaseIn(t *testing.T) {
+	j, err := Open(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	id := NewID()
+	if p := PhaseIn(j.Dir(), id); p != "" {
+		t.Fatalf("no record: %q", p)
+	}
+	for _, p := range []migration.Phase{migration.Preparing, migration.Frozen} {
+		if _, err := j.Put(rec(id, p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p := PhaseIn(j.Dir(), id); p != migration.Frozen {
+		t.Fatalf("PhaseIn = %q, want frozen", p)
+	}
+	if p := PhaseIn(j.Dir(), "../"+id); p != "" {
+		t.Fatalf("malformed id: %q", p)
+	}
+	if err := os.WriteFile(filepath.Join(j.Dir(), id+".log"), []byte("garbage\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if p := PhaseIn(j.Dir(), id); p != "" {
+		t.Fatalf("unreadable log: %q", p)
+	}
+}
