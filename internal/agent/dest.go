@@ -1152,39 +1152,21 @@ func (in *incoming) awaitLazy(ctx context.Context) error {
 // askSource learns the source's decision from its journal, asking until
 // it gives one: the restored copy stays, its packets held, meanwhile.
 func (in *incoming) askSource(ctx context.Context) migration.Event {
-	a := in.a
-	src, ok := a.peers[in.rec.Peer]
-	if !ok {
-		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("source %q is not a configured peer", in.rec.Peer)}
+	src, err := in.sourcePeer()
+	if err != nil {
+		return migration.Event{Kind: migration.EvFailed, Err: err}
 	}
-	wait := 100 * time.Millisecond
-	for n := 0; ; n++ {
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		ph, err := src.PeerPhase(rctx, in.rec.ID)
-		cancel()
-		switch {
-		case errors.Is(err, api.ErrNotFound):
-			return migration.Event{Kind: migration.EvPeerGaveUp}
-		case err == nil:
-			switch migration.Phase(ph.Phase) {
-			case migration.Committed, migration.Done, migration.Lost:
-				// Lost: the source's rollback failed, so this copy is
-				// the only one; it serves.
-				return migration.Event{Kind: migration.EvPeerCommitted}
-			case migration.RolledBack, migration.Aborted:
-				return migration.Event{Kind: migration.EvPeerGaveUp}
-			}
+	return in.pollSource(ctx, src, "restored copy waits for the source's decision", 2*time.Second, func(ph api.PeerPhase) (migration.Event, bool) {
+		switch migration.Phase(ph.Phase) {
+		case migration.Committed, migration.Done, migration.Lost:
+			// Lost: the source's rollback failed, so this copy is
+			// the only one; it serves.
+			return migration.Event{Kind: migration.EvPeerCommitted}, true
+		case migration.RolledBack, migration.Aborted:
+			return migration.Event{Kind: migration.EvPeerGaveUp}, true
 		}
-		if n%50 == 0 {
-			a.log.Warn("restored copy waits for the source's decision", "container", in.rec.Container, "source", in.rec.Peer, "phase", ph.Phase, "err", err)
-		}
-		select {
-		case <-ctx.Done():
-			return migration.Event{Kind: migration.EvFailed, Err: ctx.Err()}
-		case <-time.After(wait):
-		}
-		wait = min(2*wait, 2*time.Second)
-	}
+		return migration.Event{}, false
+	})
 }
 
 // askSourcePages settles a committed lazy copy whose lazy-pages daemon and
@@ -1198,13 +1180,43 @@ func (in *incoming) askSource(ctx context.Context) migration.Event {
 // goes, and the source takes the service back once it reads that.
 func (in *incoming) askSourcePages(ctx context.Context) migration.Event {
 	a, name := in.a, in.rec.Container
-	src, ok := a.peers[in.rec.Peer]
-	if !ok {
-		return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("source %q is not a configured peer", in.rec.Peer)}
+	src, err := in.sourcePeer()
+	if err != nil {
+		return migration.Event{Kind: migration.EvFailed, Err: err}
 	}
 	if err := linux.FreezeCgroup(ctx, a.cgroupsPath(name)); err != nil {
 		a.log.Warn("freeze a copy whose lazy pages were cut off", "container", name, "err", err)
 	}
+	return in.pollSource(ctx, src, "a copy whose lazy pages were cut off waits for the source's word", time.Second, func(ph api.PeerPhase) (migration.Event, bool) {
+		switch p := migration.Phase(ph.Phase); {
+		case p == migration.Done || p == migration.Lost:
+			// Lost: no copy but this one is left.
+			if err := linux.ThawCgroup(ctx, a.cgroupsPath(name)); err != nil {
+				return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("thaw %s: %w", name, err)}, true
+			}
+			return migration.Event{Kind: migration.EvPeerCommitted}, true
+		case p == migration.Committed && ph.Holds, p == migration.RolledBack, p == migration.Aborted:
+			return migration.Event{Kind: migration.EvPeerGaveUp}, true
+		}
+		return migration.Event{}, false
+	})
+}
+
+// sourcePeer is the client of the migration's source.
+func (in *incoming) sourcePeer() (*api.Client, error) {
+	src, ok := in.a.peers[in.rec.Peer]
+	if !ok {
+		return nil, fmt.Errorf("source %q is not a configured peer", in.rec.Peer)
+	}
+	return src, nil
+}
+
+// pollSource asks the source's journal for this migration's phase until
+// decide settles on an event, backing off from 100 ms to maxWait between
+// asks and logging waiting every 50. A source that has no record of it
+// gave up.
+func (in *incoming) pollSource(ctx context.Context, src *api.Client, waiting string, maxWait time.Duration, decide func(api.PeerPhase) (migration.Event, bool)) migration.Event {
+	a := in.a
 	wait := 100 * time.Millisecond
 	for n := 0; ; n++ {
 		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
@@ -1214,26 +1226,19 @@ func (in *incoming) askSourcePages(ctx context.Context) migration.Event {
 		case errors.Is(err, api.ErrNotFound):
 			return migration.Event{Kind: migration.EvPeerGaveUp}
 		case err == nil:
-			switch p := migration.Phase(ph.Phase); {
-			case p == migration.Done || p == migration.Lost:
-				// Lost: no copy but this one is left.
-				if err := linux.ThawCgroup(ctx, a.cgroupsPath(name)); err != nil {
-					return migration.Event{Kind: migration.EvFailed, Err: fmt.Errorf("thaw %s: %w", name, err)}
-				}
-				return migration.Event{Kind: migration.EvPeerCommitted}
-			case p == migration.Committed && ph.Holds, p == migration.RolledBack, p == migration.Aborted:
-				return migration.Event{Kind: migration.EvPeerGaveUp}
+			if ev, ok := decide(ph); ok {
+				return ev
 			}
 		}
 		if n%50 == 0 {
-			a.log.Warn("a copy whose lazy pages were cut off waits for the source's word", "container", name, "source", in.rec.Peer, "phase", ph.Phase, "err", err)
+			a.log.Warn(waiting, "container", in.rec.Container, "source", in.rec.Peer, "phase", ph.Phase, "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return migration.Event{Kind: migration.EvFailed, Err: ctx.Err()}
 		case <-time.After(wait):
 		}
-		wait = min(2*wait, time.Second)
+		wait = min(2*wait, maxWait)
 	}
 }
 
