@@ -36,7 +36,12 @@ func newFaultBed(t *testing.T) *faultBed { return newFaultBedHolding(t, faultKey
 // newFaultBedHolding is newFaultBed with redis holding keys values of
 // size bytes.
 func newFaultBedHolding(t *testing.T, keys, size int) *faultBed {
-	e := newEnv(t)
+	return newFaultBedIn(newEnv(t), keys, size)
+}
+
+// newFaultBedIn is newFaultBedHolding in env e (one whose agents run the
+// failpoints binary, for instance).
+func newFaultBedIn(e *env, keys, size int) *faultBed {
 	spec := testbed.DefaultSpec(e.name, 2, 1)
 	for i := range spec.Nodes {
 		spec.Nodes[i].Link.RateBps = 200_000_000
@@ -417,16 +422,7 @@ func TestSourceSilentBeforeFreeze(t *testing.T) {
 	} {
 		strategy := tc.strategy
 		t.Run(strategy+"/"+tc.how, func(t *testing.T) {
-			e := newEnvWith(t, failpointBinary)
-			spec := testbed.DefaultSpec(e.name, 2, 1)
-			for i := range spec.Nodes {
-				spec.Nodes[i].Link.RateBps = 200_000_000
-			}
-			spec.Clients[0].Link.RateBps = 1_000_000_000
-			st := e.upAPI(spec, testbed.Options{})
-			e.logsOnFailure(st)
-			addr, rc := e.redisWithData(st, 10_000, 1000)
-			f := &faultBed{e: e, st: st, rc: rc, addr: addr, keys: 10_000, size: 1000}
+			f := newFaultBedIn(newEnvWith(t, failpointBinary), 10_000, 1000)
 			// node1 waits for a silent source 3 s (its agent reads the
 			// config as the supervisor restarts it).
 			if tc.how == "stop" {

@@ -205,16 +205,7 @@ func killDestinationDuringLazyPhase(t *testing.T, strategy, when string) {
 func TestSourceCrashLazyDumpServing(t *testing.T) {
 	for _, strategy := range []string{"post-copy", "hybrid"} {
 		t.Run(strategy, func(t *testing.T) {
-			e := newEnvWith(t, failpointBinary)
-			spec := testbed.DefaultSpec(e.name, 2, 1)
-			for i := range spec.Nodes {
-				spec.Nodes[i].Link.RateBps = 200_000_000
-			}
-			spec.Clients[0].Link.RateBps = 1_000_000_000
-			st := e.upAPI(spec, testbed.Options{})
-			e.logsOnFailure(st)
-			addr, rc := e.redisWithData(st, 10_000, 1000)
-			f := &faultBed{e: e, st: st, rc: rc, addr: addr, keys: 10_000, size: 1000}
+			f := newFaultBedIn(newEnvWith(t, failpointBinary), 10_000, 1000)
 			fp := filepath.Join(f.node("node0").StateDir, "failpoint-lazy-dump-serving")
 			if err := os.WriteFile(fp, nil, 0o600); err != nil {
 				t.Fatal(err)
